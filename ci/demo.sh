@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The main job on the built-in tiny model: build the engine (cached), write the tiny
+# Kimi-K2.5 fixture, show `vllm-k2 doctor`, then `vllm serve` the fixture with the
+# plugin loaded, ask it one chat question and stop the server.
+#
+#   bash ci/demo.sh            # vLLM 0.16 (default)
+#   ENGINE=latest bash ci/demo.sh
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+ENGINE=${ENGINE:-vllm016}
+PORT=${PORT:-8765}
+CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}
+venv=$(bash "$REPO/ci/engine.sh" "$ENGINE")
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+[[ "$ENGINE" == vllm016 ]] && export VLLM_MLA_DISABLE=1  # 0.16 has no CPU MLA backend
+
+model=$("$venv/bin/vllm-k2" fixture k25 "$CACHE/fixtures/$ENGINE/tiny-kimi-k25")
+echo "== tiny Kimi-K2.5 fixture: $model"
+"$venv/bin/vllm-k2" doctor
+
+log=$(mktemp)
+trace=$(mktemp -d)
+VLLM_K2_TRACE_DIR=$trace "$venv/bin/vllm" serve "$model" --served-model-name tiny-k25 --trust-remote-code \
+  --dtype float32 --max-model-len 1024 --enforce-eager --port "$PORT" >"$log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$log" "$trace"' EXIT
+echo "== vllm serve (pid $server), waiting for /health ..."
+for _ in $(seq 1 300); do
+  if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then break; fi
+  if ! kill -0 $server 2>/dev/null; then cat "$log"; echo "vllm serve exited" >&2; exit 1; fi
+  sleep 1
+done
+curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -50 "$log"; exit 1; }
+echo "== processes of this server that vLLM loaded the plugin into:"
+"$venv/bin/python" - "$trace" <<'PY'
+import sys
+from vllm_k2_plugin.trace import read_traces
+for t in read_traces(sys.argv[1]):
+    states = ", ".join(f"{k}={v['state']}" for k, v in t["patches"].items())
+    print(f"  pid {t['pid']:>6}  {t['title'][:28]:28}  via {t['call_site']}\n      {states}")
+PY
+echo "== chat completion from the served fixture"
+curl -sf "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"tiny-k25","messages":[{"role":"user","content":"What is 12 times 7?"}],"max_tokens":16,"temperature":0}' \
+  | "$venv/bin/python" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"reply": r["choices"][0]["message"]["content"], "usage": r["usage"]}))'
+echo "== done (random weights: the reply is gibberish by design)"

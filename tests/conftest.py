@@ -1,0 +1,102 @@
+"""Shared test plumbing: which real vLLM engine this venv has, fixtures, engine jobs.
+
+The suite runs once per engine venv (ci/test.sh): tests marked ``vllm016`` run only
+on vLLM 0.16.x, ``vllm_latest`` only on the latest engine (>= 0.17), ``gpu`` only
+with CUDA. Unmarked tests run on every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_k2_plugin.patching.versions import vllm_release, vllm_version_string
+
+REPO = Path(__file__).resolve().parent.parent
+RELEASE = vllm_release()
+IS_016 = RELEASE is not None and (RELEASE.major, RELEASE.minor) == (0, 16)
+IS_LATEST = RELEASE is not None and not IS_016
+
+
+def pytest_report_header(config):
+    return f"vLLM under test: {vllm_version_string()} ({'0.16' if IS_016 else 'latest'})"
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_gpu = False
+    for item in items:
+        if "vllm016" in item.keywords and not IS_016:
+            item.add_marker(pytest.mark.skip(reason=f"needs vLLM 0.16, have {vllm_version_string()}"))
+        if "vllm_latest" in item.keywords and not IS_LATEST:
+            item.add_marker(pytest.mark.skip(reason=f"needs latest vLLM, have {vllm_version_string()}"))
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def fixture_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fixtures")
+
+
+@pytest.fixture(scope="session")
+def k25_model(fixture_root) -> str:
+    from vllm_k2_plugin.fixtures import build_fixture
+
+    return build_fixture("k25", str(fixture_root / "k25"))
+
+
+@pytest.fixture(scope="session")
+def text_model(fixture_root) -> str:
+    from vllm_k2_plugin.fixtures import build_fixture
+
+    return build_fixture("text", str(fixture_root / "text"))
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """Environment for a process that starts a CPU vLLM engine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_K2_")}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if IS_016:
+        env["VLLM_MLA_DISABLE"] = "1"  # 0.16 has no CPU MLA backend
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+#: Engine arguments small enough for a 2-core CI machine.
+SMALL_ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 4,
+    "enforce_eager": True,
+    "trust_remote_code": True,
+}
+
+
+def run_engine_job(tmp: Path, job: dict, env: dict[str, str], timeout: int = 600) -> dict:
+    """Start a real vLLM engine in a subprocess, run `job`, return its JSON result
+    plus the process's combined output under "log"."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    job_path, result_path = tmp / "job.json", tmp / "result.json"
+    job_path.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "engine_job.py"), str(job_path), str(result_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    result = json.loads(result_path.read_text()) if result_path.exists() else {"ok": False}
+    result["log"] = proc.stdout + proc.stderr
+    result["returncode"] = proc.returncode
+    return result

@@ -1,0 +1,54 @@
+"""Run one real vLLM engine job in a fresh process and write its results as JSON.
+
+    python tests/engine_job.py JOB.json RESULT.json
+
+JOB: {"model": path, "prompts": [...], "max_tokens": n, "llm_kwargs": {...}}.
+A separate process per engine keeps pytest's own process free of vLLM state and
+matches how users start vLLM (spawned engine core and workers; hence the guard).
+"""
+
+import json
+import sys
+import time
+import traceback
+
+
+def main(job_path: str, result_path: str) -> None:
+    with open(job_path) as f:
+        job = json.load(f)
+    result: dict = {"ok": False}
+    try:
+        from vllm import LLM, SamplingParams
+
+        t0 = time.time()
+        llm = LLM(model=job["model"], **job.get("llm_kwargs", {}))
+        result["start_s"] = time.time() - t0
+        params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=5)
+        outs = llm.generate(job["prompts"], params)
+        result["outputs"] = [
+            {
+                "text": o.outputs[0].text,
+                "token_ids": list(o.outputs[0].token_ids),
+                "prompt_token_ids": list(o.prompt_token_ids),
+                "logprobs": [
+                    {str(t): lp.logprob for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])
+                ],
+            }
+            for o in outs
+        ]
+        import vllm_k2_plugin
+        from vllm_k2_plugin.patching import REGISTRY
+
+        result["api_process_loads"] = vllm_k2_plugin._LOADS
+        result["patches"] = {p.name: p.state.value for p in REGISTRY}
+        result["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - the test reads the failure
+        result["error_type"] = type(e).__name__
+        result["error"] = str(e)
+        result["traceback"] = traceback.format_exc()
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,170 @@
+"""The patch contract on toy targets: states, idempotency, refusal, undo, strict mode.
+
+These exercise the mechanism itself; test_plugin_engine.py proves it inside real
+vLLM engines.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from vllm_k2_plugin.patching import (
+    DoublePatchError,
+    Patch,
+    PatchRegistry,
+    PatchState,
+    StrictModeAbort,
+)
+from vllm_k2_plugin.patching.versions import vllm_version_string
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    mod = types.ModuleType("k2_toy_target")
+
+    class Engine:
+        def speed(self):
+            return 1
+
+    mod.Engine = Engine
+    mod.TABLE = {"a": 1}
+    monkeypatch.setitem(sys.modules, "k2_toy_target", mod)
+    return mod
+
+
+def make(name, apply, target="k2_toy_target:Engine", **kw):
+    fields = dict(
+        name=name,
+        target=target,
+        applies_to=">=0.1",
+        why="test",
+        upstream="none",
+        remove_when="never",
+        apply=apply,
+    )
+    fields.update(kw)
+    return Patch(**fields)
+
+
+def faster(ctx):
+    ctx.replace(ctx.target(), "speed", lambda self: 2)
+
+
+def test_applies_and_records(toy):
+    reg = PatchRegistry()
+    p = reg.add(make("faster", faster))
+    reg.apply_all()
+    assert p.state is PatchState.APPLIED
+    assert toy.Engine().speed() == 2
+    reg.revert_all()
+    assert toy.Engine().speed() == 1 and p.state is PatchState.PENDING
+
+
+def test_second_apply_is_a_noop(toy):
+    wraps = []
+
+    def wrap(ctx):
+        owner = ctx.target()
+        inner = owner.speed
+        wraps.append(1)
+        ctx.replace(owner, "speed", lambda self: inner(self) + 10)
+
+    reg = PatchRegistry()
+    p = reg.add(make("wrap", wrap))
+    reg.apply_all()
+    reg.apply_all()  # a second register() in the same process
+    assert toy.Engine().speed() == 11 and len(wraps) == 1
+    # A fresh registry (a second copy of the plugin, a re-import) applying the same
+    # patch again must not wrap twice either: the marker on the target says it's ours.
+    reg2 = PatchRegistry()
+    reg2.add(make("wrap", wrap))
+    reg2.apply_all()
+    assert toy.Engine().speed() == 11
+    assert len(p.replaced) == 1
+
+
+def test_two_patches_on_one_attribute_are_refused(toy):
+    reg = PatchRegistry()
+    reg.add(make("first", faster))
+    second = reg.add(make("second", lambda ctx: ctx.replace(ctx.target(), "speed", lambda s: 3)))
+    reg.apply_all()
+    assert toy.Engine().speed() == 2
+    assert second.state is PatchState.FAILED
+    assert "already patched by 'first'" in second.reason and "'second'" in second.reason
+
+
+def test_double_patch_error_type(toy):
+    from vllm_k2_plugin.patching.patch import PatchContext
+
+    a, b = make("a", faster), make("b", faster)
+    PatchContext(a, "x").replace(toy.Engine, "speed", 1)
+    with pytest.raises(DoublePatchError):
+        PatchContext(b, "x").replace(toy.Engine, "speed", 2)
+
+
+def test_missing_target_names_patch_and_vllm_version(toy):
+    reg = PatchRegistry()
+    p = reg.add(make("moved", faster, target="k2_toy_target:Gone"))
+    reg.apply_all()
+    assert p.state is PatchState.FAILED
+    assert "'moved'" in p.reason and f"vLLM {vllm_version_string()}" in p.reason
+    assert "k2_toy_target:Gone" in p.reason
+
+
+def test_strict_mode_raises_past_except_exception(toy):
+    reg = PatchRegistry()
+    reg.add(make("moved", faster, target="k2_toy_target:Gone"))
+    with pytest.raises(StrictModeAbort, match="moved"):
+        try:
+            reg.apply_all(strict=True)
+        except Exception:  # what vLLM's plugin loader does with plugin errors
+            pytest.fail("strict failure was swallowed by `except Exception`")
+
+
+def test_failed_patch_leaves_nothing_half_applied(toy):
+    def half(ctx):
+        ctx.replace(ctx.target(), "speed", lambda self: 99)
+        ctx.replace_item(toy.TABLE, "b", 2)
+        raise RuntimeError("boom after two changes")
+
+    reg = PatchRegistry()
+    p = reg.add(make("half", half))
+    reg.apply_all()
+    assert p.state is PatchState.FAILED and "boom" in p.reason
+    assert toy.Engine().speed() == 1 and toy.TABLE == {"a": 1}
+
+
+def test_retired_when_upstream_has_it(toy):
+    reg = PatchRegistry()
+    p = reg.add(make("old", faster, already_upstream=lambda: True))
+    reg.apply_all()
+    assert p.state is PatchState.RETIRED and toy.Engine().speed() == 1
+
+
+def test_version_range_and_disable(toy):
+    reg = PatchRegistry()
+    far = reg.add(make("future", faster, applies_to=">=99"))
+    off = reg.add(make("off", faster))
+    reg.apply_all(disabled=frozenset({"off"}))
+    assert far.state is PatchState.NOT_APPLICABLE and "outside >=99" in far.reason
+    assert off.state is PatchState.DISABLED
+    assert toy.Engine().speed() == 1
+
+
+def test_mapping_items(toy):
+    reg = PatchRegistry()
+    p = reg.add(make("table", lambda ctx: ctx.replace_item(toy.TABLE, "k", 5)))
+    reg.apply_all()
+    assert toy.TABLE == {"a": 1, "k": 5}
+    reg.remove("table")
+    assert toy.TABLE == {"a": 1} and p.replaced == []
+
+
+def test_duplicate_names_rejected():
+    reg = PatchRegistry()
+    reg.add(make("x", faster))
+    with pytest.raises(ValueError, match="two patches are named 'x'"):
+        reg.add(make("x", lambda ctx: None))

@@ -1,0 +1,118 @@
+"""`vllm-k2 doctor`: what is installed, and what the plugin does to it."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+
+from .patching import REGISTRY
+from .patching.versions import SUPPORTED, package_version, vllm_release, vllm_version_string
+from .settings import DOCUMENTED, Settings
+
+ENTRY_GROUP = "vllm.general_plugins"
+
+
+def gpu_description() -> str:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "none (CPU)"
+        cc = torch.cuda.get_device_capability()
+        return f"{torch.cuda.get_device_name()} (sm_{cc[0]}{cc[1]}, {torch.cuda.device_count()} visible)"
+    except Exception as e:  # noqa: BLE001
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def our_entry_points() -> list[str]:
+    return [
+        f"{ep.name} = {ep.value}"
+        for ep in md.entry_points(group=ENTRY_GROUP)
+        if ep.value.startswith("vllm_k2_plugin")
+    ]
+
+
+def load_through_vllm() -> tuple[bool, str]:
+    """Let vLLM's own plugin loader run us, as it does in every vLLM process."""
+    import vllm_k2_plugin
+
+    if vllm_version_string() is None:
+        return False, "vLLM is not installed"
+    before = vllm_k2_plugin._LOADS
+    try:
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+    except Exception as e:  # noqa: BLE001
+        return False, f"vLLM's plugin loader failed: {type(e).__name__}: {e}"
+    if vllm_k2_plugin._LOADS > before:
+        return True, "register() was called by vllm.plugins.load_general_plugins()"
+    if Settings.from_env().disabled:
+        return False, "VLLM_K2_DISABLE is set"
+    allow = os.environ.get("VLLM_PLUGINS")
+    if allow is not None:
+        return False, f"VLLM_PLUGINS={allow!r} does not allow 'vllm_k2_plugin'"
+    return False, "vLLM did not call register() (entry point missing? reinstall the package)"
+
+
+def collect() -> dict:
+    loaded, how = load_through_vllm()
+    release = vllm_release()
+    return {
+        "versions": {
+            "vllm-k2-plugin": package_version("vllm-k2-plugin"),
+            "vllm": vllm_version_string(),
+            "torch": package_version("torch"),
+            "triton": package_version("triton"),
+            "transformers": package_version("transformers"),
+            "speculators": package_version("speculators"),
+            "gguf": package_version("gguf"),
+        },
+        "vllm_supported": bool(release and SUPPORTED.contains(release)),
+        "gpu": gpu_description(),
+        "entry_points": our_entry_points(),
+        "loaded_by_vllm": loaded,
+        "loaded_how": how,
+        "settings": {name: os.environ.get(name, "") for name, _ in DOCUMENTED},
+        "patches": [p.describe() for p in REGISTRY],
+    }
+
+
+def render(report: dict) -> str:
+    lines = ["vllm-k2 doctor", ""]
+    for k, v in report["versions"].items():
+        lines.append(f"  {k:16} {v or '-'}")
+    sup = "yes" if report["vllm_supported"] else f"NO (supported: vllm{SUPPORTED})"
+    lines += [
+        f"  {'vllm supported':16} {sup}",
+        f"  {'gpu':16} {report['gpu']}",
+        f"  {'entry point':16} {', '.join(report['entry_points']) or 'MISSING'}",
+        f"  {'loaded by vLLM':16} {'yes' if report['loaded_by_vllm'] else 'NO'}: {report['loaded_how']}",
+        "",
+        "settings:",
+    ]
+    for name, meaning in DOCUMENTED:
+        setting = f"{name}={report['settings'][name]}"
+        lines.append(f"  {setting:34} # {meaning}")
+    lines += ["", "patches:"]
+    lines.append(render_patch_table(report["patches"]))
+    return "\n".join(lines)
+
+
+def render_patch_table(rows: list[dict], verbose: bool = False) -> str:
+    if not rows:
+        return "  (no patches registered)"
+    width = max(len(r["name"]) for r in rows)
+    out = []
+    for r in rows:
+        state = r["state"] + (f": {r['reason']}" if r["reason"] and r["state"] != "applied" else "")
+        out.append(f"  {r['name']:<{width}}  {state}")
+        if verbose:
+            out.append(f"  {'':<{width}}  target      {r['target']}")
+            out.append(f"  {'':<{width}}  applies to  vllm{r['applies_to']}")
+            out.append(f"  {'':<{width}}  upstream    {r['upstream']}")
+            out.append(f"  {'':<{width}}  why         {r['why']}")
+            out.append(f"  {'':<{width}}  remove when {r['remove_when']}")
+            if r["patch_file"]:
+                out.append(f"  {'':<{width}}  patch file  {r['patch_file']}")
+    return "\n".join(out)

@@ -1,0 +1,17 @@
+"""Which modules declare patches. Importing one registers its patches; it must not
+import vLLM at import time (only its apply() functions may)."""
+
+from __future__ import annotations
+
+import importlib
+
+#: Every feature's patch declarations, in application order.
+FEATURE_PATCH_MODULES = (
+    "vllm_k2_plugin.models.config_registry",
+    "vllm_k2_plugin.cpu.rope_inplace",
+)
+
+
+def load_feature_patches(extra: tuple[str, ...] = ()) -> None:
+    for name in FEATURE_PATCH_MODULES + tuple(extra):
+        importlib.import_module(name)

@@ -1,0 +1,191 @@
+"""The one contract every change to vLLM goes through.
+
+A Patch says what it changes (target), for which vLLM releases (applies_to), how
+to tell that upstream already has the change (already_upstream, then the patch
+retires itself), where upstream tracks it, why it exists and when it can go.
+Only its ``apply`` function touches vLLM, and it does so through PatchContext so
+that every replacement is recorded, refused when another patch owns the same
+attribute, and reversible.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PatchState(str, enum.Enum):
+    PENDING = "pending"
+    APPLIED = "applied"
+    RETIRED = "retired-upstream"
+    NOT_APPLICABLE = "not-applicable"
+    DISABLED = "disabled"
+    FAILED = "failed"
+
+
+class PatchError(RuntimeError):
+    """A patch could not be applied. The message names the patch and vLLM version."""
+
+
+class PatchTargetMissing(PatchError):
+    """The object a patch changes does not exist in the installed vLLM."""
+
+
+class DoublePatchError(PatchError):
+    """Two different patches tried to replace the same attribute."""
+
+
+class StrictModeAbort(BaseException):
+    """Raised from register() under VLLM_K2_STRICT=1.
+
+    A BaseException on purpose: vLLM's plugin loader swallows ``Exception`` from
+    plugins (it logs and carries on), which is exactly what strict mode forbids.
+    """
+
+
+#: Attribute set on every object we modify: {attribute name: patch name}.
+MARKER = "__vllm_k2_patched__"
+
+
+@dataclass
+class Patch:
+    name: str
+    target: str  # "package.module:Qual.name" - what apply() changes
+    applies_to: str  # packaging specifier over vLLM releases, e.g. ">=0.16,<0.18"
+    why: str
+    upstream: str  # PR or issue that carries (or should carry) the change
+    remove_when: str
+    apply: Callable[[PatchContext], None]
+    already_upstream: Callable[[], bool] | None = None
+    # Optional: returns a reason when the patch is irrelevant here (e.g. not a CPU
+    # build); the patch is then reported not-applicable with that reason.
+    only_if: Callable[[], str | None] | None = None
+    feature: str = "core"
+    patch_file: str | None = None  # name of the twin diff under patches/vllm-<ver>/
+    # runtime state
+    state: PatchState = PatchState.PENDING
+    reason: str = ""
+    replaced: list[tuple] = field(default_factory=list, repr=False)
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "feature": self.feature,
+            "target": self.target,
+            "applies_to": self.applies_to,
+            "state": self.state.value,
+            "reason": self.reason,
+            "upstream": self.upstream,
+            "why": self.why,
+            "remove_when": self.remove_when,
+            "patch_file": self.patch_file or "",
+        }
+
+
+def resolve(target: str) -> Any:
+    """Import 'pkg.mod:A.b' and return the object, or raise LookupError saying what is missing."""
+    module_name, _, qualname = target.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(f"module {module_name!r} cannot be imported ({e})") from e
+    for part in filter(None, qualname.split(".")):
+        if not hasattr(obj, part):
+            raise LookupError(f"{module_name}:{qualname} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+class PatchContext:
+    """What a patch's apply() gets: the resolved target and a recorded setattr."""
+
+    def __init__(self, patch: Patch, vllm_version: str):
+        self.patch = patch
+        self.vllm_version = vllm_version
+
+    def fail(self, message: str) -> PatchError:
+        return PatchError(f"patch '{self.patch.name}' (vLLM {self.vllm_version}): {message}")
+
+    def target(self) -> Any:
+        try:
+            return resolve(self.patch.target)
+        except LookupError as e:
+            raise PatchTargetMissing(
+                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): target "
+                f"{self.patch.target} is missing: {e}"
+            ) from e
+
+    def replace(self, owner: Any, attr: str, value: Any) -> None:
+        """setattr(owner, attr, value), recorded; refuses if another patch owns it,
+        and is a no-op if this patch already owns it (never a double wrap)."""
+        if self.owns(owner, attr):
+            return
+        self._claim(_marks_of(owner), attr, f"{_name(owner)}.{attr}")
+        had = attr in getattr(owner, "__dict__", {})
+        original = getattr(owner, attr, None)
+        setattr(owner, attr, value)
+        self.patch.replaced.append(("attr", owner, attr, original, had))
+
+    def replace_item(self, mapping: Any, key: Any, value: Any) -> None:
+        """mapping[key] = value, recorded; for registries such as _CONFIG_REGISTRY."""
+        marks = _MAPPING_MARKS.setdefault(id(mapping), {})
+        if marks.get(key) == self.patch.name:
+            return
+        self._claim(marks, key, f"{type(mapping).__name__}[{key!r}]")
+        had = key in mapping
+        original = mapping[key] if had else None
+        mapping[key] = value
+        self.patch.replaced.append(("item", mapping, key, original, had))
+
+    def owns(self, owner: Any, attr: str) -> bool:
+        """True when this process already carries this patch on owner.attr (fork,
+        a second register()): applying again must be a no-op, never a double wrap."""
+        return _marks_of(owner, create=False).get(attr) == self.patch.name
+
+    def _claim(self, marks: dict, key: Any, label: str) -> None:
+        holder = marks.get(key)
+        if holder is not None and holder != self.patch.name:
+            raise DoublePatchError(
+                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): "
+                f"{label} is already patched by '{holder}'"
+            )
+        marks[key] = self.patch.name
+
+
+def undo(patch: Patch) -> None:
+    """Restore everything a patch replaced, newest first."""
+    while patch.replaced:
+        kind, owner, key, original, had = patch.replaced.pop()
+        if kind == "attr":
+            if had:
+                setattr(owner, key, original)
+            else:
+                delattr(owner, key)
+            _marks_of(owner, create=False).pop(key, None)
+        else:
+            if had:
+                owner[key] = original
+            else:
+                owner.pop(key, None)
+            _MAPPING_MARKS.get(id(owner), {}).pop(key, None)
+
+
+# Mappings cannot carry an attribute marker; their claims live here (per process,
+# which is also the lifetime of the mapping objects they describe).
+_MAPPING_MARKS: dict[int, dict] = {}
+
+
+def _marks_of(owner: Any, create: bool = True) -> dict:
+    marks = getattr(owner, "__dict__", {}).get(MARKER)
+    if marks is None:
+        marks = {}
+        if create:
+            setattr(owner, MARKER, marks)
+    return marks
+
+
+def _name(owner: Any) -> str:
+    return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or repr(owner)

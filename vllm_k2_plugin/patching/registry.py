@@ -1,0 +1,118 @@
+"""The registry: every feature declares its patches here; register() applies them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+from .patch import (
+    Patch,
+    PatchContext,
+    PatchError,
+    PatchState,
+    StrictModeAbort,
+    undo,
+)
+from .versions import in_range, vllm_release, vllm_version_string
+
+logger = logging.getLogger("vllm_k2_plugin.patching")
+
+
+class PatchRegistry:
+    def __init__(self) -> None:
+        self._patches: dict[str, Patch] = {}
+
+    # -- declaring -------------------------------------------------------
+    def add(self, patch: Patch) -> Patch:
+        existing = self._patches.get(patch.name)
+        if existing is not None:
+            if existing.apply is patch.apply:  # the same module imported twice
+                return existing
+            raise ValueError(f"two patches are named '{patch.name}'")
+        self._patches[patch.name] = patch
+        return patch
+
+    def patch(self, **fields) -> Callable[[Callable[[PatchContext], None]], Patch]:
+        """Decorator form: ``@REGISTRY.patch(name=..., target=..., ...)`` over apply()."""
+
+        def wrap(apply: Callable[[PatchContext], None]) -> Patch:
+            return self.add(Patch(apply=apply, **fields))
+
+        return wrap
+
+    def __iter__(self) -> Iterator[Patch]:
+        return iter(self._patches.values())
+
+    def __getitem__(self, name: str) -> Patch:
+        return self._patches[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._patches
+
+    def remove(self, name: str) -> None:
+        patch = self._patches.pop(name)
+        undo(patch)
+
+    # -- applying --------------------------------------------------------
+    def apply_all(self, disabled: frozenset[str] = frozenset(), strict: bool = False) -> None:
+        """Apply every pending patch that fits the installed vLLM.
+
+        Idempotent: patches already applied (or decided) in this process are left
+        alone, so a second register() in the same process is a no-op.
+        """
+        unknown = sorted(disabled - set(self._patches))
+        if unknown:
+            logger.warning("vllm-k2: VLLM_K2_DISABLE_PATCHES names unknown patches: %s", unknown)
+        failures = []
+        for patch in self:
+            if patch.state is not PatchState.PENDING:
+                continue
+            self._apply_one(patch, disabled)
+            if patch.state is PatchState.FAILED:
+                failures.append(patch)
+        if failures and strict:
+            raise StrictModeAbort("vllm-k2 (VLLM_K2_STRICT=1): " + "; ".join(f"{p.reason}" for p in failures))
+
+    def _apply_one(self, patch: Patch, disabled: frozenset[str]) -> None:
+        raw = vllm_version_string() or "not installed"
+        release = vllm_release()
+        if patch.name in disabled:
+            patch.state, patch.reason = PatchState.DISABLED, "switched off by VLLM_K2_DISABLE_PATCHES"
+            return
+        if release is None:
+            patch.state, patch.reason = PatchState.NOT_APPLICABLE, "vLLM is not installed"
+            return
+        if not in_range(patch.applies_to, release):
+            patch.state = PatchState.NOT_APPLICABLE
+            patch.reason = f"vLLM {raw} is outside {patch.applies_to}"
+            return
+        ctx = PatchContext(patch, raw)
+        try:
+            skip = patch.only_if() if patch.only_if is not None else None
+            if skip:
+                patch.state, patch.reason = PatchState.NOT_APPLICABLE, skip
+                return
+            if patch.already_upstream is not None and patch.already_upstream():
+                patch.state = PatchState.RETIRED
+                patch.reason = f"vLLM {raw} already has this ({patch.upstream})"
+                logger.info("vllm-k2: patch '%s' retired: %s", patch.name, patch.reason)
+                return
+            patch.apply(ctx)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, by name
+            undo(patch)  # never leave a half-applied patch behind
+            msg = str(e) if isinstance(e, PatchError) else str(ctx.fail(f"{type(e).__name__}: {e}"))
+            patch.state, patch.reason = PatchState.FAILED, msg
+            logger.warning("vllm-k2: %s; vLLM runs without it", msg)
+            return
+        patch.state, patch.reason = PatchState.APPLIED, ""
+        logger.debug("vllm-k2: patch '%s' applied", patch.name)
+
+    def revert_all(self) -> None:
+        """Undo every applied patch (tests and `doctor --dry-run` use this)."""
+        for patch in reversed(list(self)):
+            undo(patch)
+            patch.state, patch.reason = PatchState.PENDING, ""
+
+
+#: The process-wide registry that features add their patches to.
+REGISTRY = PatchRegistry()

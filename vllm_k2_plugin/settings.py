@@ -1,0 +1,63 @@
+"""Every knob of vllm-k2-plugin, in one place.
+
+All settings are environment variables so that they reach every process vLLM
+spawns (API server, engine core, workers, the model-inspection subprocess):
+vLLM hands the environment down, while Python state does not survive `spawn`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+#: Turn the whole plugin off: register() returns before touching vLLM.
+ENV_DISABLE = "VLLM_K2_DISABLE"
+#: Comma-separated patch names to skip (see `vllm-k2 patches list`).
+ENV_DISABLE_PATCHES = "VLLM_K2_DISABLE_PATCHES"
+#: Make any patch failure abort start-up instead of logging it.
+ENV_STRICT = "VLLM_K2_STRICT"
+#: Comma-separated importable modules that define extra (site-local) patches.
+ENV_EXTRA_PATCH_MODULES = "VLLM_K2_EXTRA_PATCH_MODULES"
+#: Directory where every process that runs register() drops a JSON record of
+#: what it applied (who loaded the plugin, which patches, their states).
+ENV_TRACE_DIR = "VLLM_K2_TRACE_DIR"
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _csv(name: str) -> frozenset[str]:
+    raw = os.environ.get(name, "")
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    disabled: bool = False
+    strict: bool = False
+    disabled_patches: frozenset[str] = field(default_factory=frozenset)
+    extra_patch_modules: tuple[str, ...] = ()
+    trace_dir: str | None = None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            disabled=_flag(ENV_DISABLE),
+            strict=_flag(ENV_STRICT),
+            disabled_patches=_csv(ENV_DISABLE_PATCHES),
+            extra_patch_modules=tuple(sorted(_csv(ENV_EXTRA_PATCH_MODULES))),
+            trace_dir=os.environ.get(ENV_TRACE_DIR) or None,
+        )
+
+
+#: (name, meaning) for the README and `vllm-k2 doctor`.
+DOCUMENTED = (
+    (ENV_DISABLE, "1 = the plugin does nothing; vLLM runs stock"),
+    (ENV_DISABLE_PATCHES, "comma list of patch names to leave unapplied"),
+    (ENV_STRICT, "1 = a failing patch aborts vLLM start-up (default: log and run unpatched)"),
+    (ENV_EXTRA_PATCH_MODULES, "comma list of modules whose import registers extra patches"),
+    (ENV_TRACE_DIR, "directory for one JSON record per process that loaded the plugin"),
+)
