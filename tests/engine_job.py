@@ -23,7 +23,9 @@ def main(job_path: str, result_path: str) -> None:
         t0 = time.time()
         llm = LLM(model=job["model"], **job.get("llm_kwargs", {}))
         result["start_s"] = time.time() - t0
-        params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=5)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=job.get("logprobs", 5)
+        )
         outs = llm.generate(job["prompts"], params)
         result["outputs"] = [
             {
@@ -39,6 +41,12 @@ def main(job_path: str, result_path: str) -> None:
         import vllm_k2_plugin
         from vllm_k2_plugin.patching import REGISTRY
 
+        if job.get("metrics"):
+            result["metrics"] = {
+                m.name: getattr(m, "value", None) if getattr(m, "values", None) is None else list(m.values)
+                for m in llm.get_metrics()
+                if "spec_decode" in m.name
+            }
         result["api_process_loads"] = vllm_k2_plugin._LOADS
         result["patches"] = {p.name: p.state.value for p in REGISTRY}
         result["ok"] = True

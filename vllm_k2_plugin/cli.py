@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -36,10 +37,27 @@ def _patches_list(args: argparse.Namespace) -> int:
 
 
 def _fixture(args: argparse.Namespace) -> int:
-    from .fixtures import build_fixture
+    from .fixtures import build_draft, build_fixture
 
-    path = build_fixture(args.kind, args.out, force=args.force)
+    if args.kind.startswith("draft-"):
+        if not args.target:
+            raise SystemExit("vllm-k2 fixture draft-*: --target DIR (the tiny target) is required")
+        path = build_draft(args.kind.removeprefix("draft-"), args.out, args.target)
+    else:
+        path = build_fixture(args.kind, args.out, force=args.force)
     print(path)
+    return 0
+
+
+def _eagle3_check(args: argparse.Namespace) -> int:
+    from .models.eagle3_checks import DraftCheckError, TargetShape, check_draft
+
+    try:
+        summary = check_draft(args.draft, TargetShape.from_config_file(args.target))
+    except DraftCheckError as e:
+        print(f"FAIL {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: v for k, v in vars(summary).items() if k != "weights"}, indent=1))
     return 0
 
 
@@ -59,8 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--apply", action="store_true", help="also apply them here and show the resulting states")
     pl.set_defaults(func=_patches_list)
 
+    e = sub.add_parser("eagle3", help="EAGLE-3 drafter tools")
+    esub = e.add_subparsers(dest="eagle3_command", required=True)
+    ec = esub.add_parser("check", help="validate a drafter against its target (no engine)")
+    ec.add_argument("--target", required=True, help="target model directory (config.json)")
+    ec.add_argument("--draft", required=True, help="drafter directory")
+    ec.set_defaults(func=_eagle3_check)
+
     f = sub.add_parser("fixture", help="write a tiny Kimi-K2.5-architecture model")
-    f.add_argument("kind", choices=["text", "k25"], help="text: DeepSeek-V3 LM; k25: K2.5 wrapper")
+    f.add_argument(
+        "kind",
+        choices=["text", "k25", "draft-legacy", "draft-speculators", "draft-export"],
+        help="text: DeepSeek-V3 LM; k25: K2.5 wrapper; draft-*: EAGLE-3 drafter for the target",
+    )
+    f.add_argument("--target", help="target fixture directory (for draft-*)")
     f.add_argument("out", help="output directory")
     f.add_argument("--force", action="store_true", help="rebuild even if present")
     f.set_defaults(func=_fixture)
@@ -68,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Our stdout carries our output (JSON included); vLLM's log lines go to stderr.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -124,7 +124,10 @@ class PatchContext:
         if self.owns(owner, attr):
             return
         self._claim(_marks_of(owner), attr, f"{_name(owner)}.{attr}")
-        had = attr in getattr(owner, "__dict__", {})
+        # Restore strategy for undo(): re-set what was there, or delete our class
+        # attribute to reveal the inherited one again.
+        own = attr in getattr(owner, "__dict__", {})
+        had = own or (not isinstance(owner, type) and hasattr(owner, attr))
         original = getattr(owner, attr, None)
         setattr(owner, attr, value)
         self.patch.replaced.append(("attr", owner, attr, original, had))

@@ -1,0 +1,120 @@
+"""Broken drafters fail before serving, with errors that name the file and the
+field or tensor: offline (vllm-k2 eagle3 check) and inside vLLM's own config path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from vllm_k2_plugin.fixtures import build_draft
+from vllm_k2_plugin.models.eagle3_checks import DraftCheckError, TargetShape, check_draft
+
+from .conftest import engine_env
+from .test_eagle3_spec import _config_jobs
+
+
+def _mutate(src, dst, config=None, tensors=None):
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.load(open(os.path.join(dst, "config.json")))
+        config(cfg)
+        json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    if tensors:
+        path = os.path.join(dst, "model.safetensors")
+        t = load_file(path)
+        tensors(t)
+        save_file(t, path)
+    return dst
+
+
+def _drop_d2t(t):
+    del t["d2t"]
+
+
+def _d2t_out_of_range(t):
+    t["d2t"][-1] += 10_000
+
+
+def _d2t_float(t):
+    t["d2t"] = t["d2t"].float()
+
+
+def _d2t_duplicate(t):
+    t["d2t"][1] = t["d2t"][0] - 1  # draft ids 0 and 1 -> the same target id
+
+
+def _fc_wrong(t):
+    t["fc.weight"] = t["fc.weight"][:, :512].contiguous()
+
+
+def _set(path, value):
+    def f(cfg):
+        node = cfg
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+
+    return f
+
+
+CASES = {
+    "d2t missing": (None, _drop_d2t, "tensor 'd2t' is missing"),
+    "d2t out of range": (None, _d2t_out_of_range, "tensor 'd2t' maps draft ids outside"),
+    "d2t not integer": (None, _d2t_float, "tensor 'd2t' must be a 1-D integer tensor"),
+    "d2t not injective": (None, _d2t_duplicate, "tensor 'd2t' maps two draft ids to the same"),
+    "fc shape": (None, _fc_wrong, "tensor 'fc.weight' has shape [256, 512]"),
+    "vocab mismatch": (_set("vocab_size", 2048), None, "field 'vocab_size' is 2048"),
+    "target hidden mismatch": (_set("target_hidden_size", 512), None, "field 'target_hidden_size' is 512"),
+    "aux count": (_set("eagle_config.eagle_aux_hidden_state_layer_ids", [2, 4]), None, "lists 2 layers"),
+    "aux out of range": (
+        _set("eagle_config.eagle_aux_hidden_state_layer_ids", [2, 4, 99]),
+        None,
+        "has ids [99] outside 0..8",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_drafters(k25_model, fixture_root):
+    good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
+    out = {}
+    for name, (cfg, tensors, expect) in CASES.items():
+        dst = str(fixture_root / ("bad-" + name.replace(" ", "-")))
+        if not os.path.exists(dst):
+            _mutate(good, dst, cfg, tensors)
+        out[name] = (dst, expect)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_offline_check_names_file_and_field(bad_drafters, k25_model, case):
+    path, expect = bad_drafters[case]
+    with pytest.raises(DraftCheckError) as e:
+        check_draft(path, TargetShape.from_config_file(k25_model))
+    assert expect in str(e.value)
+    assert path in str(e.value), "the error names the drafter's file or directory"
+
+
+@pytest.mark.slow
+def test_vllm_config_path_rejects_bad_drafters(bad_drafters, k25_model, tmp_path):
+    """Preflight inside EngineArgs.create_speculative_config, in vLLM's own process
+    0, before any engine starts: same errors, on this engine's vLLM."""
+    chosen = ["d2t out of range", "aux out of range", "vocab mismatch"]
+    dirs = [bad_drafters[c][0] for c in chosen]
+    results = _config_jobs(k25_model, dirs, tmp_path, engine_env(), load_draft=False)
+    for case, path in zip(chosen, dirs, strict=True):
+        r = results[path]
+        assert not r["ok"], case
+        assert r["error_type"] == "DraftCheckError", (case, r.get("traceback"))
+        assert bad_drafters[case][1] in r["error"] and path in r["error"]
+
+
+def test_good_drafter_passes_offline(k25_model, fixture_root):
+    good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
+    s = check_draft(good, TargetShape.from_config_file(k25_model))
+    assert s.draft_vocab_size == 768 and s.aux_layer_ids == (2, 4, 8)

@@ -1,0 +1,53 @@
+"""Register the Kimi-K2.5 EAGLE-3 speculator class with vLLM's ModelRegistry.
+
+``Eagle3KimiK25ForCausalLM`` is the architecture name our exports carry. On vLLM
+0.16 it is our class (k2p_eagle3_draft); where upstream's Llama EAGLE-3 class
+already does what ours adds (vLLM >= 0.18: target hidden size from text_config,
+nested aux ids, AutoWeightsLoader), the name points at upstream's class. The stock
+names ``LlamaForCausalLMEagle3`` / ``Eagle3LlamaForCausalLM`` (legacy and
+speculators checkpoints) are routed to our class on 0.16 too: it is a strict
+superset of the stock class, so other Llama EAGLE-3 drafters load as before.
+"""
+
+from __future__ import annotations
+
+from vllm_k2_plugin.patching import REGISTRY, PatchContext
+
+ARCH = "Eagle3KimiK25ForCausalLM"
+OURS = "vllm_k2_plugin.models.k2p_eagle3_draft:Eagle3KimiK25ForCausalLM"
+UPSTREAM = "vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM"
+STOCK_NAMES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+
+
+def _upstream_class_is_enough() -> bool:
+    import inspect
+
+    from vllm.model_executor.models import llama_eagle3
+
+    return "get_total_num_hidden_layers" in inspect.getsource(llama_eagle3)
+
+
+@REGISTRY.patch(
+    name="kimi-k25-eagle3-draft-class",
+    feature="eagle3",
+    target="vllm.model_executor.models.registry:ModelRegistry",
+    applies_to=">=0.16",
+    upstream="none: names our drafter class; upstream's Llama EAGLE-3 class covers it from 0.18",
+    why="0.16's Llama EAGLE-3 class ignores the target's text_config hidden size and loads bad d2t silently",
+    remove_when="minimum supported vLLM >= 0.18 (keep the alias for exported checkpoints)",
+)
+def _apply(ctx: PatchContext) -> None:
+    registry = ctx.target()
+    if _upstream_class_is_enough():
+        entries = {ARCH: UPSTREAM}
+    else:
+        entries = {ARCH: OURS, **{name: OURS for name in STOCK_NAMES}}
+    for name, cls_path in entries.items():
+        ctx.replace_item(registry.models, name, _lazy(cls_path))
+
+
+def _lazy(cls_path: str):
+    from vllm.model_executor.models.registry import _LazyRegisteredModel
+
+    module, cls = cls_path.split(":")
+    return _LazyRegisteredModel(module_name=module, class_name=cls)

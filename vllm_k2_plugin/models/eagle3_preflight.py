@@ -1,0 +1,65 @@
+"""Check an EAGLE-3 drafter against its target while vLLM builds its config.
+
+Runs in the API server / LLM process inside ``EngineArgs.create_speculative_config``,
+before any engine or worker starts, on every vLLM version:
+
+* broken drafters fail there with DraftCheckError naming file and field/tensor;
+* the draft config is completed the way the speculator class needs it:
+  ``target_hidden_size`` from the target's ``text_config`` when the drafter omits it,
+  and a nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` promoted to the top
+  level (vLLM 0.16 reads only the top level and silently used the target default).
+  The changed config travels to the workers inside VllmConfig.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm_k2_plugin.patching import REGISTRY, PatchContext
+
+from .eagle3_checks import TargetShape, check_draft
+
+
+def _draft_dir(spec) -> str | None:
+    path = getattr(spec, "model", None) or getattr(getattr(spec, "draft_model_config", None), "model", None)
+    return path if path and os.path.isdir(path) else None
+
+
+def preflight(spec, target_model_config) -> None:
+    if spec is None or getattr(spec, "method", None) != "eagle3":
+        return
+    draft_dir = _draft_dir(spec)
+    if draft_dir is None:  # a hub id not downloaded yet: vLLM resolves it later
+        return
+    target = TargetShape.from_hf_text_config(target_model_config.hf_text_config)
+    summary = check_draft(draft_dir, target)
+    hf = spec.draft_model_config.hf_config
+    if getattr(hf, "target_hidden_size", None) is None and summary.target_hidden_size != summary.hidden_size:
+        hf.target_hidden_size = summary.target_hidden_size
+    if summary.aux_layer_ids is not None and not getattr(hf, "eagle_aux_hidden_state_layer_ids", None):
+        hf.eagle_aux_hidden_state_layer_ids = list(summary.aux_layer_ids)
+
+
+def _wrap(original):
+    def create_speculative_config(self, target_model_config, target_parallel_config, *args, **kwargs):
+        spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
+        preflight(spec, target_model_config)
+        return spec
+
+    create_speculative_config.__wrapped__ = original
+    return create_speculative_config
+
+
+@REGISTRY.patch(
+    name="eagle3-draft-preflight",
+    feature="eagle3",
+    target="vllm.engine.arg_utils:EngineArgs.create_speculative_config",
+    applies_to=">=0.16",
+    upstream="none: plugin feature (clear drafter errors before serving)",
+    why="broken drafters otherwise fail late (worker) or serve garbage (bad d2t, wrong aux ids)",
+    remove_when="vLLM validates drafters against the target itself",
+)
+def _apply(ctx: PatchContext) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    ctx.replace(EngineArgs, "create_speculative_config", _wrap(ctx.target()))

@@ -1,0 +1,175 @@
+"""EAGLE-3 on the target side: DeepSeek-V2/V3 and the Kimi-K2.5 wrapper emit aux
+hidden states (backport of what vLLM >= 0.18 has upstream).
+
+Convention (vLLM's, pinned here and in our exports): aux layer id ``i`` is the
+residual stream *entering* decoder layer ``i`` (``hidden_states + residual``);
+``i == num_hidden_layers`` is the stream after the last layer, before the final
+norm. Default ids ``(2, N // 2, N - 3)``. SpecForge/SGLang count "output of layer
+i-1" and add +1 to explicit ids: a SpecForge id ``j`` is vLLM id ``j + 1``.
+
+Pipeline parallel: each rank captures the ids inside its own layer range; only
+the last rank returns them (vLLM asks the last rank for the draft inputs).
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from ..patching import REGISTRY, PatchContext
+
+DS = "vllm.model_executor.models.deepseek_v2"
+K25 = "vllm.model_executor.models.kimi_k25"
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def _deepseek_has_eagle3() -> bool:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    return bool(getattr(DeepseekV2ForCausalLM, "supports_eagle3", False))
+
+
+def _model_forward_with_aux(original_forward):
+    """DeepseekV2Model.forward that also returns the aux hidden states."""
+
+    def forward(self, input_ids, positions, intermediate_tensors, inputs_embeds=None):
+        aux_ids = getattr(self, "aux_hidden_state_layers", ())
+        if not aux_ids:
+            return original_forward(self, input_ids, positions, intermediate_tensors, inputs_embeds)
+        from vllm.distributed import get_pp_group
+        from vllm.sequence import IntermediateTensors
+
+        pp = get_pp_group()
+        if pp.is_first_rank:
+            hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            hidden = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        scaling = _llama4_scaling(self.config, positions)
+        aux = []
+        for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer), self.start_layer):
+            if idx in aux_ids:
+                aux.append(hidden if residual is None else hidden + residual)
+            hidden, residual = layer(positions, hidden, residual, scaling)
+        if self.end_layer in aux_ids:
+            aux.append(hidden + residual)
+        if not pp.is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden, "residual": residual})
+        hidden, _ = self.norm(hidden, residual)
+        return hidden, aux
+
+    forward.__wrapped__ = original_forward
+    return forward
+
+
+def _llama4_scaling(config, positions):
+    cfg = getattr(config, "llama_4_scaling", None)
+    if cfg is None:
+        return None
+    from vllm.model_executor.models.deepseek_v2 import _get_llama_4_scaling
+
+    return _get_llama_4_scaling(
+        original_max_position_embeddings=cfg["original_max_position_embeddings"],
+        scaling_beta=cfg["beta"],
+        positions=positions,
+    )
+
+
+def _set_aux_layers(self, layers) -> None:
+    n = self.config.num_hidden_layers
+    bad = [i for i in layers if not 0 <= int(i) <= n]
+    if bad:
+        raise ValueError(
+            f"EAGLE-3 aux hidden state layer ids {list(layers)} are out of range for a "
+            f"{n}-layer target (valid: 0..{n}, vLLM convention: input of layer i)"
+        )
+    self.model.aux_hidden_state_layers = tuple(int(i) for i in layers)
+
+
+def _get_aux_layers(self) -> tuple[int, ...]:
+    return default_aux_layers(self.config.num_hidden_layers)
+
+
+@REGISTRY.patch(
+    name="deepseek-eagle3-aux-hidden-states",
+    feature="eagle3",
+    target=f"{DS}:DeepseekV2Model.forward",
+    applies_to=">=0.16",
+    already_upstream=_deepseek_has_eagle3,
+    upstream="vllm-project/vllm#36361 (DeepSeek/Kimi EAGLE-3 target support, in >= 0.18)",
+    why="DeepSeek-V2/V3 (Kimi-K2.5's language model) cannot feed an EAGLE-3 drafter on 0.16",
+    remove_when="minimum supported vLLM >= 0.18",
+    patch_file="0003-deepseek-eagle3-aux-hidden-states.patch",
+)
+def _apply_deepseek(ctx: PatchContext) -> None:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
+
+    forward = ctx.target()
+    ctx.replace(DeepseekV2Model, "forward", _model_forward_with_aux(forward))
+    ctx.replace(DeepseekV2Model, "aux_hidden_state_layers", ())
+    ctx.replace(DeepseekV2ForCausalLM, "supports_eagle3", True)
+    ctx.replace(DeepseekV2ForCausalLM, "set_aux_hidden_state_layers", _set_aux_layers)
+    ctx.replace(DeepseekV2ForCausalLM, "get_eagle3_aux_hidden_state_layers", _get_aux_layers)
+
+
+def _kimi_has_eagle3() -> bool:
+    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    return bool(getattr(KimiK25ForConditionalGeneration, "supports_eagle3", False))
+
+
+def _wrapper_set_aux(self, layers) -> None:
+    self.language_model.set_aux_hidden_state_layers(layers)
+
+
+def _wrapper_get_aux(self) -> tuple[int, ...]:
+    return self.language_model.get_eagle3_aux_hidden_state_layers()
+
+
+@REGISTRY.patch(
+    name="kimi-k25-eagle3-passthrough",
+    feature="eagle3",
+    target=f"{K25}:KimiK25ForConditionalGeneration",
+    applies_to=">=0.16",
+    already_upstream=_kimi_has_eagle3,
+    upstream="vllm-project/vllm#35966 (Kimi-K2.5 EAGLE-3, in >= 0.18)",
+    why="the K2.5 multimodal wrapper does not declare SupportsEagle3, so vLLM refuses aux states",
+    remove_when="minimum supported vLLM >= 0.18",
+    patch_file="0004-kimi-k25-eagle3-passthrough.patch",
+)
+def _apply_kimi(ctx: PatchContext) -> None:
+    cls = ctx.target()
+    # The wrapper's forward already returns the language model's output unchanged,
+    # so the (hidden, aux) tuple flows through; only the interface is missing.
+    ctx.replace(cls, "supports_eagle3", True)
+    ctx.replace(cls, "set_aux_hidden_state_layers", _wrapper_set_aux)
+    ctx.replace(cls, "get_eagle3_aux_hidden_state_layers", _wrapper_get_aux)
+
+
+def _proposer_knows_kimi() -> bool:
+    import inspect
+
+    try:
+        from vllm.v1.spec_decode import llm_base_proposer as mod  # >= 0.2x
+    except ImportError:
+        from vllm.v1.spec_decode import eagle as mod
+    return "media_placeholder_token_id" in inspect.getsource(mod)
+
+
+@REGISTRY.patch(
+    name="kimi-k25-image-token-index",
+    feature="eagle3",
+    target="vllm.transformers_utils.configs.kimi_k25:KimiK25Config",
+    applies_to=">=0.16",
+    already_upstream=_proposer_knows_kimi,
+    upstream="vllm-project/vllm#35966 (proposer reads media_placeholder_token_id for K2.5)",
+    why="the EAGLE proposer reads config.image_token_index, which KimiK25Config lacks (AttributeError)",
+    remove_when="minimum supported vLLM >= 0.18",
+    patch_file="0004-kimi-k25-eagle3-passthrough.patch",
+)
+def _apply_image_token(ctx: PatchContext) -> None:
+    cls = ctx.target()
+    ctx.replace(cls, "image_token_index", property(lambda self: self.media_placeholder_token_id))
