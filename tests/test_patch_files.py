@@ -46,3 +46,9 @@ def test_series_applies_to_installed_vllm_016(tmp_path):
         )
         assert out.returncode == 0, (name, out.stdout + out.stderr)
     subprocess.run(["python3", "-m", "py_compile", *map(str, work.rglob("deepseek_v2.py"))], check=True)
+
+
+def test_readme_table_lists_every_patch():
+    table = (REPO / "patches" / "README.md").read_text()
+    for name in _names():
+        assert name.removesuffix(".patch") in table, name

@@ -36,6 +36,46 @@ def _patches_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _patch_files(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .patching import files
+
+    root = Path(args.vllm_root) if args.vllm_root else files.installed_vllm_root()
+    version = files.version_of_tree(root)
+    series_version = args.series or version
+    if series_version != version:
+        msg = f"refusing: series vllm-{series_version} does not match vLLM {version} at {root}"
+        print(msg, file=sys.stderr)
+        return 2
+    try:
+        series = files.load_series(series_version)
+        if args.patches_command == "check":
+            report = files.check(root, series)
+            for name, state in report.items():
+                print(f"  {name:45} {state}")
+            return 0 if "conflicting" not in report.values() else 1
+        if args.patches_command == "apply":
+            print(files.apply(root, version, series))
+        elif args.patches_command == "revert":
+            print(files.revert(root, force=args.force))
+    except files.PatchFileError as e:
+        print(f"vllm-k2 patches {args.patches_command}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _patch_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .patching import files
+
+    series = files.load_series(args.series)
+    for path in files.export_git(series, Path(args.out), args.author, args.date):
+        print(path)
+    return 0
+
+
 def _fixture(args: argparse.Namespace) -> int:
     from .fixtures import build_draft, build_fixture
 
@@ -76,6 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--apply", action="store_true", help="also apply them here and show the resulting states")
     pl.set_defaults(func=_patches_list)
+    for verb, help_text in (
+        ("apply", "apply the patch-file series to an installed vLLM (all or nothing, with backups)"),
+        ("check", "per patch: applied / not applied / conflicting"),
+        ("revert", "restore the files the series changed, byte for byte"),
+    ):
+        pv = psub.add_parser(verb, help=help_text)
+        pv.add_argument("--vllm-root", help="vllm package directory (default: the installed one)")
+        pv.add_argument("--series", help="series version, e.g. 0.16.0 (default: the tree's version)")
+        if verb == "revert":
+            pv.add_argument("--force", action="store_true", help="restore even if files changed after apply")
+        pv.set_defaults(func=_patch_files)
+    pe = psub.add_parser("export", help="git format-patch style series for upstream PRs")
+    pe.add_argument("--series", default="0.16.0")
+    pe.add_argument("--format", choices=["git"], default="git")
+    pe.add_argument("--out", required=True)
+    pe.add_argument("--author", default="vllm-k2-plugin <vllm-k2-plugin@users.noreply.github.com>")
+    pe.add_argument("--date", default="Sun, 29 Nov 2026 00:00:00 +0000")
+    pe.set_defaults(func=_patch_export)
 
     e = sub.add_parser("eagle3", help="EAGLE-3 drafter tools")
     esub = e.add_subparsers(dest="eagle3_command", required=True)

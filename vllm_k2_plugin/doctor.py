@@ -6,6 +6,7 @@ import importlib.metadata as md
 import os
 
 from .patching import REGISTRY
+from .patching.registry import applied_patch_files
 from .patching.versions import SUPPORTED, package_version, vllm_release, vllm_version_string
 from .settings import DOCUMENTED, Settings
 
@@ -75,6 +76,7 @@ def collect() -> dict:
         "loaded_how": how,
         "settings": {name: os.environ.get(name, "") for name, _ in DOCUMENTED},
         "patches": [p.describe() for p in REGISTRY],
+        "patch_files_applied": applied_patch_files(),
     }
 
 
@@ -94,7 +96,14 @@ def render(report: dict) -> str:
     for name, meaning in DOCUMENTED:
         setting = f"{name}={report['settings'][name]}"
         lines.append(f"  {setting:34} # {meaning}")
-    lines += ["", "patches:"]
+    applied = report["patch_files_applied"]
+    in_force = f"applied to this vLLM: {', '.join(applied)}" if applied else "none applied (runtime only)"
+    lines += [
+        "",
+        f"patch files (patches/vllm-<version>/): {in_force}",
+        "",
+        "patches:",
+    ]
     lines.append(render_patch_table(report["patches"]))
     return "\n".join(lines)
 

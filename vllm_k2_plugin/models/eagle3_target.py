@@ -145,6 +145,11 @@ def _apply_kimi(ctx: PatchContext) -> None:
     # The wrapper's forward already returns the language model's output unchanged,
     # so the (hidden, aux) tuple flows through; only the interface is missing.
     ctx.replace(cls, "supports_eagle3", True)
+    # vLLM checks isinstance(model, SupportsEagle3), a runtime Protocol that also
+    # requires SupportsEagleBase's flags: without them the check fails on GPU.
+    for flag in ("has_own_lm_head", "has_own_embed_tokens"):
+        if not hasattr(cls, flag):
+            ctx.replace(cls, flag, False)
     ctx.replace(cls, "set_aux_hidden_state_layers", _wrapper_set_aux)
     ctx.replace(cls, "get_eagle3_aux_hidden_state_layers", _wrapper_get_aux)
 

@@ -18,6 +18,23 @@ from .versions import in_range, vllm_release, vllm_version_string
 logger = logging.getLogger("vllm_k2_plugin.patching")
 
 
+def applied_patch_files() -> list[str]:
+    """Names of the patch files `vllm-k2 patches apply` put into the installed vLLM."""
+    import importlib.util
+    import json
+    import os
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return []
+    state = os.path.join(os.path.dirname(spec.origin), ".vllm-k2-patches", "state.json")
+    try:
+        with open(state) as f:
+            return list(json.load(f).get("series", []))
+    except (OSError, ValueError):
+        return []
+
+
 class PatchRegistry:
     def __init__(self) -> None:
         self._patches: dict[str, Patch] = {}
@@ -94,7 +111,10 @@ class PatchRegistry:
                 return
             if patch.already_upstream is not None and patch.already_upstream():
                 patch.state = PatchState.RETIRED
-                patch.reason = f"vLLM {raw} already has this ({patch.upstream})"
+                if patch.patch_file and patch.patch_file in applied_patch_files():
+                    patch.reason = f"patch file {patch.patch_file} is applied to this vLLM's sources"
+                else:
+                    patch.reason = f"vLLM {raw} already has this ({patch.upstream})"
                 logger.info("vllm-k2: patch '%s' retired: %s", patch.name, patch.reason)
                 return
             patch.apply(ctx)
