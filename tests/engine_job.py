@@ -23,18 +23,14 @@ def main(job_path: str, result_path: str) -> None:
         t0 = time.time()
         llm = LLM(model=job["model"], **job.get("llm_kwargs", {}))
         result["start_s"] = time.time() - t0
-        params = SamplingParams(
-            temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=job.get("logprobs", 5)
-        )
+        params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=job.get("logprobs", 5))
         outs = llm.generate(job["prompts"], params)
         result["outputs"] = [
             {
                 "text": o.outputs[0].text,
                 "token_ids": list(o.outputs[0].token_ids),
                 "prompt_token_ids": list(o.prompt_token_ids),
-                "logprobs": [
-                    {str(t): lp.logprob for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])
-                ],
+                "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])],
             }
             for o in outs
         ]

@@ -32,10 +32,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def drafts(k25_model, fixture_root):
-    return {
-        layout: build_draft(layout, str(fixture_root / f"draft-{layout}"), k25_model)
-        for layout in DRAFT_LAYOUTS
-    }
+    return {layout: build_draft(layout, str(fixture_root / f"draft-{layout}"), k25_model) for layout in DRAFT_LAYOUTS}
 
 
 def _spec_job(k25_model, draft=None):

@@ -73,9 +73,7 @@ def test_tokenizer_and_chat_template_load_with_this_transformers(k25_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(k25_model)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>"
     ids = tok.encode("The quick brown fox")
     assert tok.decode(ids) == "The quick brown fox"

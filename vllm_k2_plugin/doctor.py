@@ -27,9 +27,7 @@ def gpu_description() -> str:
 
 def our_entry_points() -> list[str]:
     return [
-        f"{ep.name} = {ep.value}"
-        for ep in md.entry_points(group=ENTRY_GROUP)
-        if ep.value.startswith("vllm_k2_plugin")
+        f"{ep.name} = {ep.value}" for ep in md.entry_points(group=ENTRY_GROUP) if ep.value.startswith("vllm_k2_plugin")
     ]
 
 

@@ -22,6 +22,9 @@ ENV_EXTRA_PATCH_MODULES = "VLLM_K2_EXTRA_PATCH_MODULES"
 #: what it applied (who loaded the plugin, which patches, their states).
 ENV_TRACE_DIR = "VLLM_K2_TRACE_DIR"
 
+#: GGUF force-dequant globs (or "all"); --model-loader-extra-config takes precedence.
+ENV_GGUF_FORCE_DEQUANT = "VLLM_K2_GGUF_FORCE_DEQUANT"
+
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -60,4 +63,5 @@ DOCUMENTED = (
     (ENV_STRICT, "1 = a failing patch aborts vLLM start-up (default: log and run unpatched)"),
     (ENV_EXTRA_PATCH_MODULES, "comma list of modules whose import registers extra patches"),
     (ENV_TRACE_DIR, "directory for one JSON record per process that loaded the plugin"),
+    (ENV_GGUF_FORCE_DEQUANT, "GGUF tensors to dequantize at load: globs or 'all'"),
 )

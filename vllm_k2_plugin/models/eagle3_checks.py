@@ -202,8 +202,7 @@ def check_d2t(path: str, name: str, s: DraftSummary, tensor=None) -> None:
             tensor = f.get_tensor(name)
     if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.dim() != 1:
         raise DraftCheckError(
-            f"{path}: tensor '{name}' must be a 1-D integer tensor of offsets, got "
-            f"{tensor.dtype} {list(tensor.shape)}"
+            f"{path}: tensor '{name}' must be a 1-D integer tensor of offsets, got {tensor.dtype} {list(tensor.shape)}"
         )
     if tensor.numel() != s.draft_vocab_size:
         raise DraftCheckError(

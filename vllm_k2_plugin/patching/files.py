@@ -223,8 +223,7 @@ def export_git(series: list[PatchFile], out_dir: Path, author: str, date: str) -
         body = "\n\n".join(f"{k}: {p.header[k]}" for k in body_keys)
         diff = re.sub(r"^(---|\+\+\+) (a|b)/", r"\1 \2/vllm/", p.diff, flags=re.M)
         diff = "".join(
-            f"diff --git a/vllm/{f} b/vllm/{f}\n" + chunk if chunk else ""
-            for f, chunk in _split_by_file(diff)
+            f"diff --git a/vllm/{f} b/vllm/{f}\n" + chunk if chunk else "" for f, chunk in _split_by_file(diff)
         )
         text = (
             f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"

@@ -114,8 +114,7 @@ class PatchContext:
             return resolve(self.patch.target)
         except LookupError as e:
             raise PatchTargetMissing(
-                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): target "
-                f"{self.patch.target} is missing: {e}"
+                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): target {self.patch.target} is missing: {e}"
             ) from e
 
     def replace(self, owner: Any, attr: str, value: Any) -> None:
@@ -152,8 +151,7 @@ class PatchContext:
         holder = marks.get(key)
         if holder is not None and holder != self.patch.name:
             raise DoublePatchError(
-                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): "
-                f"{label} is already patched by '{holder}'"
+                f"patch '{self.patch.name}' (vLLM {self.vllm_version}): {label} is already patched by '{holder}'"
             )
         marks[key] = self.patch.name
 
