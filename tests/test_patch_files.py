@@ -12,20 +12,23 @@ import pytest
 from .conftest import REPO
 
 SERIES = REPO / "patches" / "vllm-0.16.0" / "series"
+ALL_SERIES = sorted((REPO / "patches").glob("vllm-*/series"))
 
 
-def _names():
-    return [n.strip() for n in SERIES.read_text().splitlines() if n.strip()]
+def _names(series=SERIES):
+    return [n.strip() for n in series.read_text().splitlines() if n.strip()]
 
 
-def test_series_lists_every_patch_file():
-    on_disk = sorted(p.name for p in SERIES.parent.glob("*.patch"))
-    assert sorted(_names()) == on_disk
+@pytest.mark.parametrize("series", ALL_SERIES, ids=lambda p: p.parent.name)
+def test_series_lists_every_patch_file(series):
+    on_disk = sorted(p.name for p in series.parent.glob("*.patch"))
+    assert sorted(_names(series)) == on_disk
 
 
-def test_every_patch_declares_its_contract():
-    for name in _names():
-        head = (SERIES.parent / name).read_text().split("\n---\n", 1)[0]
+@pytest.mark.parametrize("series", ALL_SERIES, ids=lambda p: p.parent.name)
+def test_every_patch_declares_its_contract(series):
+    for name in _names(series):
+        head = (series.parent / name).read_text().split("\n---\n", 1)[0]
         for key in ("Title:", "Why:", "Changes:", "Upstream:", "Remove when:"):
             assert key in head, (name, key)
 
@@ -50,5 +53,7 @@ def test_series_applies_to_installed_vllm_016(tmp_path):
 
 def test_readme_table_lists_every_patch():
     table = (REPO / "patches" / "README.md").read_text()
-    for name in _names():
-        assert name.removesuffix(".patch") in table, name
+    for series in ALL_SERIES:
+        assert f"## {series.parent.name}" in table
+        for name in _names(series):
+            assert name.removesuffix(".patch") in table, name

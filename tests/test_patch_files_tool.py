@@ -149,7 +149,8 @@ def test_export_applies_with_git_apply(wheel_tree, tmp_path):
         r = subprocess.run(["git", "apply", patch], cwd=repo, capture_output=True, text=True)
         assert r.returncode == 0, (patch, r.stderr)
     # and as commits, the way an upstream PR branch is made
-    subprocess.run([*git, "checkout", "-q", "."], cwd=repo, check=True)
+    subprocess.run([*git, "reset", "-q", "--hard"], cwd=repo, check=True)
+    subprocess.run([*git, "clean", "-qfd"], cwd=repo, check=True)
     r = subprocess.run([*git, "am", "-q", *exported], cwd=repo, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -259,3 +260,40 @@ def test_doctor_says_which_path_is_in_force(tmp_path):
     )
     assert runtime["patch_files_applied"] == []
     assert {p["name"]: p["state"] for p in runtime["patches"]}["eagle3-target-allowlist"] == "applied"
+
+
+def test_gguf_module_in_patch_file_has_not_drifted():
+    from vllm_k2_plugin.gguf.upstream import render
+
+    diff = (REPO / "patches" / "vllm-0.16.0" / "0006-gguf-deepseek2-mla.patch").read_text()
+    chunk = diff.split("+++ b/model_executor/model_loader/gguf_deepseek2.py\n", 1)[1].split("\n--- a/", 1)[0]
+    added = "\n".join(line[1:] for line in chunk.splitlines()[1:]) + "\n"  # drop the @@ line
+    assert added == render(), "re-render 0006 from vllm_k2_plugin/gguf (see gguf/upstream.py)"
+
+
+def test_gguf_patch_file_equals_runtime_twin(text_model, tmp_path):
+    """The GGUF loader from the patch file (twins off) loads a split-MLA GGUF exactly
+    like the runtime patch; stock 0.16 cannot load it at all."""
+    import vllm
+
+    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
+
+    from .conftest import SMALL_ENGINE, run_engine_job
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(vllm.__file__).parent, site / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    assert cli("apply", "--vllm-root", str(site / "vllm")).returncode == 0
+    paths = write_gguf(text_model, str(tmp_path / "m.gguf"), types={"blk.*.attn_k_b.weight": "Q8_0"})
+    kwargs = dict(SMALL_ENGINE, tokenizer=text_model, hf_config_path=text_model)
+    kwargs["model_loader_extra_config"] = {"force_dequant": "all"}
+    job = {"model": paths[0], "prompts": ["The quick brown fox", "def f(x):"], "max_tokens": 6, "llm_kwargs": kwargs}
+    runtime = run_engine_job(tmp_path / "a", job, engine_env())
+    twins = "gguf-deepseek-force-dequant,gguf-skip-speculators-probe"
+    env_b = engine_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), VLLM_K2_DISABLE_PATCHES=twins)
+    files_only = run_engine_job(tmp_path / "b", job, env_b)
+    stock = run_engine_job(tmp_path / "c", job, engine_env(VLLM_K2_DISABLE="1"))
+    assert runtime["ok"], runtime.get("traceback")
+    assert files_only["ok"], files_only.get("traceback") or files_only["log"][-3000:]
+    assert [o["token_ids"] for o in runtime["outputs"]] == [o["token_ids"] for o in files_only["outputs"]]
+    assert [o["logprobs"] for o in runtime["outputs"]] == [o["logprobs"] for o in files_only["outputs"]]
+    assert not stock["ok"]

@@ -104,6 +104,7 @@ def rebind_kernels(pairs) -> None:
     upstream="to report (docs/upstream-reports/cpu-kernel-rebind-scan.md); no upstream issue found",
     why="EAGLE-3 with a Kimi-K2.5 target cannot start on vLLM-CPU: worker dies in the kernel scan",
     remove_when="the dispatcher scan skips objects without a mapping __dict__ (the probe checks this)",
+    patch_file="0002-cpu-kernel-rebind-scan.patch",  # patches/vllm-0.32.0/
 )
 def _apply(ctx: PatchContext) -> None:
     from vllm.triton_utils import dispatcher

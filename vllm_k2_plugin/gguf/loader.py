@@ -17,11 +17,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..settings import ENV_GGUF_FORCE_DEQUANT as ENV_FORCE
-from .files import KERNEL_TYPES, UNQUANTIZED, GGUFLoadError, Tensor, dequantize, open_shards
+from .files import KERNEL_TYPES, UNQUANTIZED, GGUFLoadError, Tensor, dequantize, discover_shards, open_shards
 from .mla_layout import merge_kv_b
-from .names import DEEPSEEK2_TYPES, IGNORED, NameMap
+from .names import DEEPSEEK2_TYPES, IGNORED, NameMap, deepseek2_name_map
 
+#: same name as vllm_k2_plugin.settings.ENV_GGUF_FORCE_DEQUANT (kept literal: this module is
+#: also rendered into vLLM's source tree by upstream.py)
+ENV_FORCE = "VLLM_K2_GGUF_FORCE_DEQUANT"
 OPTION_HINT = """--model-loader-extra-config '{"force_dequant": ["%s"]}' (or "all")"""
 #: fused vLLM modules whose GGUF parts must share one precision
 PACKED = (
@@ -195,3 +197,30 @@ def is_deepseek2(hf_config) -> bool:
         getattr(text, "model_type", None) in DEEPSEEK2_TYPES
         or getattr(hf_config, "model_type", None) in DEEPSEEK2_TYPES
     )
+
+
+def load_deepseek2(loader, vllm_config, model_config, prefix: str = ""):
+    """GGUFModelLoader.load_model for deepseek2-architecture GGUFs (vLLM <= 0.23)."""
+    import torch
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    first = loader._prepare_weights(model_config)
+    shards = discover_shards(first)
+    cfg = model_config.hf_config
+    text = cfg.get_text_config()
+    names = deepseek2_name_map(text, prefix="language_model." if text is not cfg else "")
+    plan = make_plan(shards, names, loader.options, on_cpu=current_platform.is_cpu())
+    if plan.tie_embeddings:
+        cfg.update({"tie_word_embeddings": True})
+    vllm_config.quant_config.unquantized_modules.extend(plan.unquantized_modules())
+    target_device = torch.device(vllm_config.device_config.device)
+    counts: Counter = Counter()
+    with set_default_torch_dtype(model_config.dtype):
+        with target_device:
+            model = initialize_model(vllm_config=vllm_config, prefix=prefix)
+        loaded = model.load_weights(iter_weights(plan, model_config.dtype, counts))
+        audit_loaded(model, loaded, counts, first)
+        process_weights_after_loading(model, model_config, target_device)
+    return model

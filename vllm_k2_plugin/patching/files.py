@@ -37,6 +37,7 @@ class PatchFile:
     header: dict[str, str]
     diff: str
     files: list[str] = field(default_factory=list)
+    created: set[str] = field(default_factory=set)  # files the diff creates (@@ -0,0 ...)
 
     @property
     def title(self) -> str:
@@ -73,7 +74,8 @@ def load_series(version: str, root: Path = PATCHES_ROOT) -> list[PatchFile]:
         files = _DIFF_FILE.findall(diff)
         if not files:
             raise PatchFileError(f"{path}: the diff names no files")
-        out.append(PatchFile(name, path, _parse_header(head), diff, files))
+        created = set(re.findall(r"^\+\+\+ b/(\S+)\n@@ -0,0 ", diff, re.M))
+        out.append(PatchFile(name, path, _parse_header(head), diff, files, created))
     return out
 
 
@@ -104,9 +106,11 @@ def _run_patch(cwd: Path, diff: str, *flags: str) -> subprocess.CompletedProcess
     )
 
 
-def _stage(root: Path, files: list[str], dst: Path) -> None:
+def _stage(root: Path, files: list[str], dst: Path, created: set[str] = frozenset()) -> None:
     for rel in files:
         src = root / rel
+        if not src.is_file() and rel in created:
+            continue  # the series creates it
         if not src.is_file():
             raise PatchFileError(f"{src}: file named by the series does not exist in this vLLM")
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +119,10 @@ def _stage(root: Path, files: list[str], dst: Path) -> None:
 
 def _all_files(series: list[PatchFile]) -> list[str]:
     return sorted({f for p in series for f in p.files})
+
+
+def _created(series: list[PatchFile]) -> set[str]:
+    return {f for p in series for f in p.created}
 
 
 def _state_path(root: Path) -> Path:
@@ -132,7 +140,7 @@ def check(root: Path, series: list[PatchFile]) -> dict[str, str]:
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp)
-        _stage(root, _all_files(series), stage)
+        _stage(root, _all_files(series), stage, _created(series))
         for p in series:
             if _run_patch(stage, p.diff, "-R", "--dry-run").returncode == 0:
                 result[p.name] = "applied"
@@ -149,14 +157,14 @@ def apply(root: Path, version: str, series: list[PatchFile]) -> str:
     state = read_state(root)
     files = _all_files(series)
     if state and state.get("applied"):
-        current = {f: _sha(root / f) for f in files}
+        current = {f: _sha(root / f) if (root / f).exists() else None for f in files}
         if current == state["patched"]:
             return "already applied (no change)"
         changed = sorted(f for f in files if current.get(f) != state["patched"].get(f))
         raise PatchFileError(f"{root}: files changed since the series was applied: {changed}; revert first")
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp)
-        _stage(root, files, stage)
+        _stage(root, files, stage, _created(series))
         for p in series:
             out = _run_patch(stage, p.diff)
             if out.returncode != 0:
@@ -165,10 +173,11 @@ def apply(root: Path, version: str, series: list[PatchFile]) -> str:
                     + (out.stdout + out.stderr).strip()
                 )
         backup = root / STATE_DIR / "backup"
-        original = {f: _sha(root / f) for f in files}
+        original = {f: _sha(root / f) if (root / f).exists() else None for f in files}
         for f in files:
-            (backup / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / f, backup / f)
+            if original[f] is not None:
+                (backup / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / f, backup / f)
         for f in files:
             tmpfile = root / (f + ".vllm-k2.tmp")
             shutil.copy2(stage / f, tmpfile)
@@ -191,13 +200,16 @@ def revert(root: Path, force: bool = False) -> str:
     if not state or not state.get("applied"):
         return "nothing to revert (no series applied here)"
     backup = root / STATE_DIR / "backup"
-    changed = [f for f, h in state["patched"].items() if _sha(root / f) != h]
+    changed = [f for f, h in state["patched"].items() if not (root / f).exists() or _sha(root / f) != h]
     if changed and not force:
         raise PatchFileError(f"{root}: files changed after apply: {changed}; use --force to restore anyway")
     for f, h in state["original"].items():
-        if _sha(backup / f) != h:
+        if h is not None and _sha(backup / f) != h:
             raise PatchFileError(f"{backup / f}: backup is damaged (hash mismatch); nothing was restored")
-    for f in state["original"]:
+    for f, h in state["original"].items():
+        if h is None:  # the series created it
+            (root / f).unlink(missing_ok=True)
+            continue
         tmpfile = root / (f + ".vllm-k2.tmp")
         shutil.copy2(backup / f, tmpfile)
         os.replace(tmpfile, root / f)
@@ -222,9 +234,7 @@ def export_git(series: list[PatchFile], out_dir: Path, author: str, date: str) -
         body_keys = [k for k in p.header if k != "Title"]
         body = "\n\n".join(f"{k}: {p.header[k]}" for k in body_keys)
         diff = re.sub(r"^(---|\+\+\+) (a|b)/", r"\1 \2/vllm/", p.diff, flags=re.M)
-        diff = "".join(
-            f"diff --git a/vllm/{f} b/vllm/{f}\n" + chunk if chunk else "" for f, chunk in _split_by_file(diff)
-        )
+        diff = "".join(_git_file_chunk(f, chunk) for f, chunk in _split_by_file(diff))
         text = (
             f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
             f"From: {author}\nDate: {date}\nSubject: [PATCH {i}/{n}] {p.title}\n\n"
@@ -234,6 +244,14 @@ def export_git(series: list[PatchFile], out_dir: Path, author: str, date: str) -
         path.write_text(text)
         written.append(path)
     return written
+
+
+def _git_file_chunk(path: str, chunk: str) -> str:
+    header = f"diff --git a/vllm/{path} b/vllm/{path}\n"
+    if re.search(r"^@@ -0,0 ", chunk, re.M):  # a file the patch creates
+        header += "new file mode 100644\n"
+        chunk = re.sub(r"^--- a/\S+", "--- /dev/null", chunk, count=1, flags=re.M)
+    return header + chunk
 
 
 def _split_by_file(diff: str):

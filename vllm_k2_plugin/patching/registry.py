@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 
 from .patch import (
@@ -16,6 +17,11 @@ from .patch import (
 from .versions import in_range, vllm_release, vllm_version_string
 
 logger = logging.getLogger("vllm_k2_plugin.patching")
+
+
+def _stem(patch_file: str) -> str:
+    """'0002-cpu-rope-3d-query.patch' -> 'cpu-rope-3d-query.patch': series number per version."""
+    return re.sub(r"^\d{4}-", "", patch_file)
 
 
 def applied_patch_files() -> list[str]:
@@ -111,7 +117,7 @@ class PatchRegistry:
                 return
             if patch.already_upstream is not None and patch.already_upstream():
                 patch.state = PatchState.RETIRED
-                if patch.patch_file and patch.patch_file in applied_patch_files():
+                if patch.patch_file and _stem(patch.patch_file) in {_stem(n) for n in applied_patch_files()}:
                     patch.reason = f"patch file {patch.patch_file} is applied to this vLLM's sources"
                 else:
                     patch.reason = f"vLLM {raw} already has this ({patch.upstream})"
