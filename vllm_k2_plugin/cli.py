@@ -101,6 +101,33 @@ def _eagle3_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ab(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .bench.ab import ABConfig, Mode, run_ab
+    from .bench.prompts import load_prompts
+    from .bench.report import write_all
+
+    modes = [Mode.parse(m, k=args.k) for m in args.mode]
+    if modes[0].name != "baseline" and not args.no_baseline_first:
+        modes.insert(0, Mode.parse("baseline"))
+    cfg = ABConfig(
+        model=args.model,
+        modes=modes,
+        prompts=load_prompts(args.prompts)[: args.limit or None],
+        serve_args=shlex.split(args.serve_args or ""),
+        concurrency=[int(c) for c in args.concurrency.split(",")],
+        rounds=args.rounds,
+        max_tokens=args.max_tokens,
+    )
+    result = run_ab(cfg)
+    files = write_all(result, args.out)
+    print(open(files["markdown"]).read())
+    print(json.dumps(files, indent=1))
+    failed = [m.name for m in modes if result["summary"][m.name]["rounds_ok"] == 0]
+    return 1 if len(failed) == len(modes) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-k2", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -141,6 +168,27 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--target", required=True, help="target model directory (config.json)")
     ec.add_argument("--draft", required=True, help="drafter directory")
     ec.set_defaults(func=_eagle3_check)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    ab = bsub.add_parser("ab", help="baseline vs n-gram vs EAGLE-3 on live vLLM servers")
+    ab.add_argument("model", help="model to serve (ignored for modes given as NAME@URL)")
+    ab.add_argument(
+        "--mode",
+        action="append",
+        required=True,
+        help="baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME='{speculative-config JSON}' | NAME@http://host:port",
+    )
+    ab.add_argument("--k", type=int, default=3, help="draft tokens where a mode does not say")
+    ab.add_argument("--serve-args", default="", help="identical extra `vllm serve` arguments for every mode")
+    ab.add_argument("--prompts", help="JSONL ({'prompt': ...}) or text file; default: built-in chat/code/math")
+    ab.add_argument("--limit", type=int, help="use only the first N prompts")
+    ab.add_argument("--concurrency", default="1,4", help="comma list, e.g. 1,4,8")
+    ab.add_argument("--rounds", type=int, default=3)
+    ab.add_argument("--max-tokens", type=int, default=128)
+    ab.add_argument("--out", default="bench-ab", help="output directory (JSON, Markdown, PNG)")
+    ab.add_argument("--no-baseline-first", action="store_true", help="do not add a baseline mode")
+    ab.set_defaults(func=_bench_ab)
 
     f = sub.add_parser("fixture", help="write a tiny Kimi-K2.5-architecture model")
     f.add_argument(

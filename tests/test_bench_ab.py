@@ -1,0 +1,92 @@
+"""`vllm-k2 bench ab` against real `vllm serve` processes (latest CPU engine):
+baseline, n-gram and EAGLE-3 (the tiny K2.5 wrapper target and its drafter fixture),
+one round, single stream. A functional test: it asserts no timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllm_k2_plugin.fixtures import build_draft
+
+from .conftest import engine_env
+
+pytestmark = [pytest.mark.vllm_latest, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def bench(k25_model, fixture_root, tmp_path_factory):
+    draft = build_draft("legacy", str(fixture_root / "draft-legacy-bench"), k25_model)
+    out = tmp_path_factory.mktemp("bench")
+    serve = "--dtype float32 --max-model-len 512 --enforce-eager --trust-remote-code --max-num-seqs 4"
+    cmd = [
+        sys.executable, "-m", "vllm_k2_plugin.cli", "bench", "ab", k25_model,
+        "--mode", "ngram", "--mode", f"eagle3={draft}", "--serve-args", serve,
+        "--concurrency", "1", "--rounds", "1", "--max-tokens", "24", "--limit", "3", "--out", str(out),
+    ]  # fmt: skip
+    # MHA path: an MLA target + Llama drafter has no common KV block size on vLLM-CPU
+    proc = subprocess.run(cmd, env=engine_env(VLLM_MLA_DISABLE="1"), capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return out, json.loads((out / "bench_ab.json").read_text()), proc.stdout
+
+
+def test_writes_json_markdown_and_plots(bench):
+    out, result, stdout = bench
+    for name in ("bench_ab.json", "bench_ab.md", "tok_per_s.png", "acceptance_per_position.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "| eagle3-k3 |" in (out / "bench_ab.md").read_text() and "| eagle3-k3 |" in stdout
+    assert [m["name"] for m in result["config"]["modes"]] == ["baseline", "ngram-k3", "eagle3-k3"]
+
+
+def test_greedy_outputs_identical_across_modes(bench):
+    _, result, _ = bench
+    assert result["summary"]["lossless"] == {"baseline": [], "ngram-k3": [], "eagle3-k3": []}
+    texts = {name: r["texts"] for name, r in result["rounds"][0].items()}
+    assert all(len(t) == 3 and all(t) for t in texts.values())
+
+
+def test_reported_acceptance_equals_vllm_counters(bench):
+    _, result, _ = bench
+    raw = result["rounds"][0]["eagle3-k3"]["spec_counters"]  # /metrics deltas around the measured requests
+    acc = result["summary"]["eagle3-k3"]["acceptance"]
+    assert raw["drafts"] > 0 and raw["draft_tokens"] == 3 * raw["drafts"]
+    assert 0 < raw["accepted_tokens"] <= raw["draft_tokens"]
+    assert sum(raw["accepted_per_position"]) == raw["accepted_tokens"]
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + raw["accepted_tokens"] / raw["drafts"])
+    assert acc["acceptance_rate"] == pytest.approx(raw["accepted_tokens"] / raw["draft_tokens"])
+    assert acc["per_position_acceptance"] == pytest.approx([v / raw["drafts"] for v in raw["accepted_per_position"]])
+    assert result["rounds"][0]["baseline"]["spec_counters"]["drafts"] == 0
+
+
+def test_ratios_are_computed_per_round(bench):
+    _, result, _ = bench
+    s = result["summary"]
+    assert s["baseline"]["1"]["ratio_vs_baseline_median"] == pytest.approx(1.0)
+    for mode in ("ngram-k3", "eagle3-k3"):
+        r = result["rounds"][0]
+        want = (
+            r[mode]["by_concurrency"]["1"]["tok_per_s_per_request_median"]
+            / r["baseline"]["by_concurrency"]["1"]["tok_per_s_per_request_median"]
+        )
+        assert s[mode]["1"]["ratio_vs_baseline_median"] == pytest.approx(want)
+
+
+def test_a_mode_that_fails_to_start_is_reported_and_the_rest_run(k25_model, tmp_path):
+    from vllm_k2_plugin.bench.ab import ABConfig, Mode, run_ab
+
+    cfg = ABConfig(
+        model=k25_model,
+        modes=[Mode.parse("baseline"), Mode("broken", {"method": "eagle3", "model": str(tmp_path / "nope")})],
+        prompts=[{"kind": "chat", "prompt": "Hi"}],
+        serve_args=["--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--trust-remote-code"],
+        rounds=1,
+        max_tokens=4,
+        env=engine_env(VLLM_MLA_DISABLE="1"),
+    )
+    result = run_ab(cfg, progress=False)
+    assert result["summary"]["baseline"]["rounds_ok"] == 1
+    assert result["summary"]["broken"]["rounds_ok"] == 0 and result["summary"]["broken"]["errors"]
+    assert "vllm serve exited" in result["summary"]["broken"]["errors"][0]

