@@ -68,6 +68,7 @@ def plots(result: dict, out_dir: str) -> list[str]:
         per_pos = summary[n]["acceptance"]["per_position_acceptance"]
         if per_pos:
             ax.plot(range(1, len(per_pos) + 1), per_pos, marker="o", label=n)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance (accepted / drafts)")
     ax.set_ylim(0, 1.05)
