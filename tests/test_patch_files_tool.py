@@ -295,5 +295,7 @@ def test_gguf_patch_file_equals_runtime_twin(text_model, tmp_path):
     assert runtime["ok"], runtime.get("traceback")
     assert files_only["ok"], files_only.get("traceback") or files_only["log"][-3000:]
     assert [o["token_ids"] for o in runtime["outputs"]] == [o["token_ids"] for o in files_only["outputs"]]
-    assert [o["logprobs"] for o in runtime["outputs"]] == [o["logprobs"] for o in files_only["outputs"]]
+    for a, b in zip(runtime["outputs"], files_only["outputs"], strict=True):  # same weights; float32 noise only
+        for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+            assert x.keys() == y.keys() and max(abs(x[t] - y[t]) for t in x) < 1e-5
     assert not stock["ok"]
