@@ -134,7 +134,7 @@ class PatchRegistry:
         logger.debug("vllm-k2: patch '%s' applied", patch.name)
 
     def revert_all(self) -> None:
-        """Undo every applied patch (tests and `doctor --dry-run` use this)."""
+        """Undo every applied patch and mark them pending again (tests use this)."""
         for patch in reversed(list(self)):
             undo(patch)
             patch.state, patch.reason = PatchState.PENDING, ""
