@@ -16,6 +16,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.models.eagle3_draft_registry",
     "vllm_k2_plugin.gguf.patch",
     "vllm_k2_plugin.speculators_compat.patch",
+    "vllm_k2_plugin.mla.patch",
 )
 
 

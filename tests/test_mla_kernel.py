@@ -1,0 +1,217 @@
+"""Our Triton MLA decode kernel against the float64 reference.
+
+CPU (TRITON_INTERPRET=1, in one subprocess: the interpreter must be chosen before
+triton is first imported, which other test files do through vLLM): small random
+cases over head counts, contexts across page boundaries, page sizes, random block
+tables, query lengths, bf16/fp8 KV and split
+counts; outputs are poisoned with NaN so an unwritten element fails. Note: the
+interpreter's bf16 dot is wrong (Triton 3.6 and 3.9), so interpreted runs widen the
+dot operands to fp32 (DOT_F32); the bf16 dot itself is covered by the `gpu` tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed in this venv", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from vllm_k2_plugin.mla import configs  # noqa: E402
+from vllm_k2_plugin.mla.reference import mla_decode_reference  # noqa: E402
+
+SM_SCALE = 0.1147  # 1/sqrt(192 * 0.4) order, like DeepSeek with YaRN mscale
+
+
+def make_case(heads, seqs, page, q_len, fp8, device="cpu", seed=0, pad_pages=2, page_stride_extra=0):
+    g = torch.Generator().manual_seed(seed)
+    batch = len(seqs)
+    max_pages = max(-(-s // page) for s in seqs) + pad_pages
+    n_pages = batch * max_pages + 3
+    # a page stride larger than PAGE * 576 (cross-layer KV views) when page_stride_extra > 0
+    base = torch.randn(n_pages, page * 576 + page_stride_extra, generator=g)
+    k_scale = None
+    if fp8:
+        store = base.mul(3.0).to(torch.float8_e4m3fn).to(device)
+        k_scale = torch.tensor([0.37], dtype=torch.float32)
+    else:
+        store = base.to(torch.bfloat16).to(device)
+    kv = torch.as_strided(store, (n_pages, page, 576), (store.stride(0), 576, 1))
+    block_table = torch.randperm(n_pages, generator=g)[: batch * max_pages].view(batch, max_pages).to(torch.int32)
+    seq_lens = torch.tensor(seqs, dtype=torch.int32)
+    q = torch.randn(batch * q_len, heads, 576, generator=g).to(torch.bfloat16)
+    return (
+        q.to(device),
+        kv,
+        block_table.to(device),
+        seq_lens.to(device),
+        k_scale.to(device) if k_scale is not None else None,
+    )
+
+
+def check(q, kv, bt, sl, k_scale, q_len, splits, tol=1e-2):
+    from vllm_k2_plugin.mla.launcher import mla_decode
+
+    out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[1]), float("nan"), dtype=torch.float32, device=q.device)
+    o, got_lse = mla_decode(q, kv, bt, sl, SM_SCALE, q_len=q_len, k_scale=k_scale, num_splits=splits, out=out, lse=lse)
+    assert o.data_ptr() == out.data_ptr()
+    ro, rl = mla_decode_reference(q, kv, bt, sl, SM_SCALE, q_len=q_len, k_scale=k_scale)
+    o, lse64 = o.double().cpu(), got_lse.double().cpu()
+    assert not torch.isnan(o).any(), "unwritten (NaN) output elements"
+    assert not torch.isnan(lse64).any(), "unwritten (NaN) LSE elements"
+    err = (o - ro).norm() / ro.norm().clamp_min(1e-30)
+    assert err < tol, f"relative error {err:.3e}"
+    finite = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse64), finite), "rows with no visible key must have lse -inf"
+    assert (lse64[finite] - rl[finite]).abs().max() < 1e-3 if finite.any() else True
+    assert (o[~finite] == 0).all(), "rows with no visible key must be 0"
+    return err
+
+
+# (heads, seqs, page, q_len, fp8, splits): contexts 1..~300 across page edges
+CASES = [
+    (8, [1, 16, 17], 16, 1, False, 1),
+    (8, [31, 33, 200], 16, 4, False, 3),
+    (8, [64, 65], 64, 2, True, 2),
+    (16, [15, 129], 16, 3, False, 4),
+    (16, [1, 2, 3], 64, 3, True, 1),  # q_len 3 over 1-2 tokens: rows with no visible key
+    (64, [47, 96], 16, 1, True, 5),
+    (64, [300], 64, 2, False, 8),
+    (128, [5, 70], 16, 1, False, 2),
+    (128, [130], 64, 4, True, 3),
+]
+
+
+# Other launcher variants (warps, BLOCK_N, stages): the interpreter ignores warps and
+# stages, but BLOCK_N changes the split rounding and tile masks.
+VARIANT_CASES = [
+    (8, [70, 130], 16, 2, False, 3, (8, 64, 2)),
+    (16, [33, 90], 64, 1, True, 2, (8, 64, 2)),
+    (8, [20, 47], 16, 3, False, 2, (4, 16, 2)),
+]
+
+
+def run_case(i: int, variant: tuple | None = None) -> str:
+    heads, seqs, page, q_len, fp8, splits = CASES[i] if variant is None else VARIANT_CASES[i][:6]
+    saved = configs.PREFERENCE[fp8]
+    if variant is not None:
+        configs.PREFERENCE[fp8] = [variant]
+    try:
+        check(*make_case(heads, seqs, page, q_len, fp8, seed=17 * i + 1), q_len, splits)
+    except AssertionError as e:
+        return f"FAIL {e}"
+    finally:
+        configs.PREFERENCE[fp8] = saved
+    return "ok"
+
+
+def run_stride_case() -> str:
+    """Page stride != PAGE * 576 (cross-layer layout) and the launcher's own split choice."""
+    q, kv, bt, sl, ks = make_case(8, [40, 250], 16, 2, False, seed=7, page_stride_extra=576 * 3)
+    assert kv.stride(0) == 16 * 576 + 576 * 3
+    try:
+        check(q, kv, bt, sl, ks, 2, None)
+    except AssertionError as e:
+        return f"FAIL {e}"
+    return "ok"
+
+
+@pytest.fixture(scope="module")
+def interpreted_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("mla") / "results.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(
+    "i", range(len(CASES)), ids=[f"h{c[0]}-s{c[1]}-p{c[2]}-q{c[3]}-{'fp8' if c[4] else 'bf16'}-k{c[5]}" for c in CASES]
+)
+def test_matches_float64_reference(interpreted_results, i):
+    assert interpreted_results[str(i)] == "ok"
+
+
+@pytest.mark.parametrize("i", range(len(VARIANT_CASES)), ids=[f"n{c[6][1]}" for c in VARIANT_CASES])
+def test_other_block_n_variants(interpreted_results, i):
+    assert interpreted_results[f"v{i}"] == "ok"
+
+
+def test_real_page_stride_and_auto_splits(interpreted_results):
+    assert interpreted_results["stride"] == "ok"
+
+
+def test_split_choice():
+    # batch 1, 8 heads: fill 2 x SMs programs, each split >= 256 tokens
+    assert configs.num_splits_for(1, 8, 32768, 132) == 128
+    assert configs.num_splits_for(1, 8, 131072, 132) == 256
+    assert configs.num_splits_for(1, 8, 200, 132) == 1
+    assert configs.num_splits_for(128, 64, 8192, 132) == 1  # 512 programs already
+    assert configs.num_splits_for(8, 32, 8192, 188) == 24
+
+
+@pytest.mark.parametrize("limit", [configs.SMEM_LIMITS[120], configs.SMEM_LIMITS[90], 60_000])
+def test_stage_choice_fits_limit(limit):
+    for cfg in configs.all_split_configs(limit):
+        assert configs.table_smem(cfg) <= limit or cfg.num_stages == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [8, 16, 64, 128])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_gpu_real_sizes(heads, fp8, q_len):
+    seqs = [1, 4097, 8191, 33000][: 4 if heads <= 16 else 3]
+    check(*make_case(heads, seqs, 16, q_len, fp8, device="cuda", seed=heads + q_len), q_len, None)
+    check(*make_case(heads, [2049, 40], 64, q_len, fp8, device="cuda", seed=3), q_len, 7)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_equals_eager():
+    from vllm_k2_plugin.mla.launcher import Workspace, device_limits, mla_decode
+
+    q, kv, bt, sl, ks = make_case(8, [3000, 9000], 16, 4, True, device="cuda", seed=11)
+    sms, _ = device_limits(0)
+    ws = Workspace("cuda", Workspace.bound(8, 4, sms, max_batch=2))
+    out = torch.empty(q.shape[0], 8, 512, dtype=q.dtype, device="cuda")
+    lse = torch.empty(q.shape[0], 8, dtype=torch.float32, device="cuda")
+    ctx = 16384  # the graph's context bound: the split count is fixed by it
+
+    def run():
+        mla_decode(q, kv, bt, sl, SM_SCALE, q_len=4, k_scale=ks, context=ctx, out=out, lse=lse, workspace=ws)
+
+    run()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for seed in range(3):  # new contents and lengths, same shapes: replay must equal eager
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q.copy_(torch.randn(q.shape, generator=g, device="cuda").to(q.dtype))
+        sl.copy_(torch.randint(1, 9000, (2,), generator=g, device="cuda").to(torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        got_o, got_l = out.clone(), lse.clone()
+        eo, el = mla_decode(q, kv, bt, sl, SM_SCALE, q_len=4, k_scale=ks, context=ctx)
+        assert torch.equal(got_o, eo) and torch.equal(got_l, el)
+        ro, _ = mla_decode_reference(q, kv, bt, sl, SM_SCALE, q_len=4, k_scale=ks)
+        assert (got_o.double().cpu() - ro).norm() / ro.norm() < 1e-2
+
+
+if __name__ == "__main__":  # the interpreted run (see interpreted_results)
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    results = {str(i): run_case(i) for i in range(len(CASES))}
+    results.update({f"v{i}": run_case(i, VARIANT_CASES[i][6]) for i in range(len(VARIANT_CASES))})
+    results["stride"] = run_stride_case()
+    Path(sys.argv[1]).write_text(json.dumps(results))
