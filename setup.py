@@ -7,6 +7,8 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["vllm_k2_plugin", "vllm_k2_plugin.*"]),
+    # The tiny trained target (weights + tokenizer + recipe), for demos and acceptance tests.
+    package_data={"vllm_k2_plugin.fixtures": ["data/tiny-trained/*"]},
     python_requires=">=3.10",
     # No vLLM pin: vLLM brings its own torch. Supported vLLM: >=0.16 (see
     # vllm_k2_plugin/patching/versions.py: SUPPORTED), tested on 0.16.0 and 0.32.0.

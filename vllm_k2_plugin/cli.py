@@ -128,6 +128,12 @@ def _bench_ab(args: argparse.Namespace) -> int:
     return 1 if len(failed) == len(modes) else 0
 
 
+def _bench_mla(args: argparse.Namespace) -> int:
+    from .mla.bench import main as bench_mla
+
+    return bench_mla(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-k2", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,12 +195,28 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--out", default="bench-ab", help="output directory (JSON, Markdown, PNG)")
     ab.add_argument("--no-baseline-first", action="store_true", help="do not add a baseline mode")
     ab.set_defaults(func=_bench_ab)
+    ml = bsub.add_parser("mla", help="our Triton MLA decode vs vLLM 0.16's stock kernel (one CUDA GPU)")
+    ml.add_argument("--batch", default="1,8,64")
+    ml.add_argument("--context", default="1024,8192,32768,131072")
+    ml.add_argument("--heads", default="8,64")
+    ml.add_argument("--q-len", default="1,4")
+    ml.add_argument("--kv", default="bf16,fp8")
+    ml.add_argument("--json", help="write the raw results here")
+    ml.add_argument("--no-stock", action="store_true", help="skip the stock kernel (no 0.16 wheel)")
+    ml.add_argument("--no-sweep", action="store_true", help="skip the split-count sweep")
+    ml.add_argument("--pick-variant", action="store_true", help="time all no-spill variants first, use the best")
+    ml.set_defaults(func=_bench_mla)
+
+    from .train.cli import add_train_parser
+
+    add_train_parser(sub)
 
     f = sub.add_parser("fixture", help="write a tiny Kimi-K2.5-architecture model")
     f.add_argument(
         "kind",
-        choices=["text", "k25", "draft-legacy", "draft-speculators", "draft-export"],
-        help="text: DeepSeek-V3 LM; k25: K2.5 wrapper; draft-*: EAGLE-3 drafter for the target",
+        choices=["text", "k25", "trained-text", "trained-k25", "draft-legacy", "draft-speculators", "draft-export"],
+        help="text: DeepSeek-V3 LM; k25: K2.5 wrapper; trained-*: the same with the committed weights trained "
+        "on Python code; draft-*: EAGLE-3 drafter for the target",
     )
     f.add_argument("--target", help="target fixture directory (for draft-*)")
     f.add_argument("out", help="output directory")

@@ -1,0 +1,114 @@
+"""Where the time of one decoding step goes, with and without EAGLE-3, in a real vLLM engine.
+
+Runs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) under cProfile and reads
+vLLM's own functions from the profile: the engine-core step, the scheduler, the target
+model's forward, the drafter's proposal, the rejection sampler. Times are per engine step
+(cumulative time / calls of the step function), single stream, greedy.
+
+    python benchmarks/eagle3_step_profile.py --model TARGET --draft DRAFT [--k 3] [--prompts FILE]
+        [--max-tokens 96] [--json OUT.json]
+
+Any vLLM version with the V1 engine; on CPU set VLLM_MLA_DISABLE=1 for an MLA target with a
+Llama drafter on 0.32 ("No common block size").
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import time
+
+# (label, file suffix, function name): vLLM's own functions, read from the profile.
+PROBES = [
+    ("engine step (total)", "v1/engine/core.py", "step"),
+    ("scheduler", "v1/core/sched/scheduler.py", "schedule"),
+    ("scheduler update", "v1/core/sched/scheduler.py", "update_from_output"),
+    ("runner execute_model", "gpu_model_runner.py", "execute_model"),
+    ("target forward", "gpu_model_runner.py", "_model_forward"),
+    ("runner sample_tokens", "gpu_model_runner.py", "sample_tokens"),
+    ("draft: propose", "v1/spec_decode/eagle.py", "propose"),
+    ("rejection sampler", "v1/sample/rejection_sampler.py", "forward"),
+]
+
+
+def _probe(stats: pstats.Stats) -> dict:
+    out = {}
+    for label, suffix, name in PROBES:
+        best = None
+        for (path, _line, func), (_cc, nc, _tt, ct, _callers) in stats.stats.items():
+            if func == name and path.endswith(suffix) and (best is None or ct > best[1]):
+                best = (nc, ct)
+        if best:
+            out[label] = {"calls": best[0], "seconds": best[1]}
+    return out
+
+
+def run(model: str, draft: str | None, k: int, prompts: list[str], max_tokens: int, engine_kwargs: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(engine_kwargs)
+    if draft:
+        kwargs["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
+    llm = LLM(model=model, disable_log_stats=False, **kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    llm.generate(prompts[:1], params)  # warm-up
+    prof = cProfile.Profile()
+    tokens, t0 = 0, time.perf_counter()
+    prof.enable()
+    for p in prompts:  # single stream
+        tokens += len(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    probes = _probe(pstats.Stats(prof))
+    steps = probes.get("engine step (total)", {}).get("calls") or 1
+    result = {"draft": draft, "k": k if draft else 0, "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall,
+              "engine_steps": steps, "tokens_per_step": tokens / steps,
+              "per_step_ms": {lab: 1000 * v["seconds"] / steps for lab, v in probes.items()},
+              "calls": {lab: v["calls"] for lab, v in probes.items()}}  # fmt: skip
+    if draft:
+        m = {x.name: getattr(x, "value", None) for x in llm.get_metrics() if "spec_decode" in x.name}
+        drafts = m.get("vllm:spec_decode_num_drafts") or 0
+        acc = m.get("vllm:spec_decode_num_accepted_tokens") or 0
+        result["tau"] = 1 + acc / drafts if drafts else None
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--prompts", help="JSONL with 'prompt' (chat user message) per line")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    users = [json.loads(x)["prompt"] for x in open(a.prompts)][: a.limit] if a.prompts else ["def fibonacci(n):"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
+               for u in users]  # fmt: skip
+    engine = dict(dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True, trust_remote_code=True)
+    rows = [run(a.model, None, 0, prompts, a.max_tokens, engine),
+            run(a.model, a.draft, a.k, prompts, a.max_tokens, engine)]  # fmt: skip
+    labels = [p[0] for p in PROBES]
+    print(f"{'per engine step (ms)':<24}" + "".join(f"{'baseline' if not r['draft'] else 'eagle3 k=' + str(r['k']):>14}"
+                                                 for r in rows))  # fmt: skip
+    for lab in labels:
+        print(f"{lab:<24}" + "".join(f"{r['per_step_ms'].get(lab, float('nan')):>14.2f}" for r in rows))
+    for key in ("tokens_per_step", "tok_per_s"):
+        print(f"{key:<24}" + "".join(f"{r[key]:>14.2f}" for r in rows))
+    print(f"{'tau (vLLM counters)':<24}{'':>14}{rows[1].get('tau') or float('nan'):>14.2f}")
+    print(f"eagle3 / baseline tok/s: {rows[1]['tok_per_s'] / rows[0]['tok_per_s']:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

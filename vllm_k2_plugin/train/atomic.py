@@ -1,0 +1,63 @@
+"""Atomic file and directory writes: a reader sees the old version or the new one,
+never half of one (a killed stage must not leave a file that looks complete)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+
+
+def write_file(path: str, write: Callable[[str], None]) -> None:
+    """Call write(tmp_path) next to `path`, fsync, then rename over `path`."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, obj) -> None:
+    def _w(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+
+    write_file(path, _w)
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+@contextmanager
+def directory(path: str):
+    """Yield a temp dir beside `path`; on success it replaces `path` whole."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-", dir=parent)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-old-", dir=parent)
+            os.replace(path, os.path.join(old, "x"))
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,171 @@
+"""`vllm-k2 train <stage>`: each pipeline stage alone, `run` for all of them, `plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+
+def _ids(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError as e:
+        raise SystemExit(f"--layers: expected comma-separated integers, got {text!r}") from e
+
+
+def _print(obj) -> int:
+    print(json.dumps(obj, indent=1))
+    return 0
+
+
+def _prepare(a) -> int:
+    from .prepare import prepare
+
+    return _print(
+        prepare(
+            a.model,
+            a.data,
+            a.out,
+            max_len=a.max_len,
+            max_samples=a.max_samples,
+            regenerate_url=a.regenerate_url,
+            regenerate_max_tokens=a.regenerate_max_tokens,
+            concurrency=a.concurrency,
+        )
+    )
+
+
+def _extract(a) -> int:
+    from .extract import extract
+
+    m = extract(
+        a.model,
+        a.prepared,
+        a.out,
+        layer_ids=_ids(a.layers),
+        batch_size=a.batch_size,
+        max_model_len=a.max_model_len,
+        tensor_parallel_size=a.tensor_parallel_size,
+        dtype=a.dtype,
+    )
+    return _print({"shards": len(m["shards"]), "metadata": m["metadata"]})
+
+
+def _vocab(a) -> int:
+    from .extract import target_text_config
+    from .vocab import build_vocab
+
+    target_vocab = int(target_text_config(a.model)["vocab_size"])
+    return _print(build_vocab(a.prepared, a.out, a.size, target_vocab))
+
+
+def _train(a) -> int:
+    from .trainer import TrainConfig, train
+
+    cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
+    return _print(train(a.target, a.data, a.vocab, a.out, cfg))
+
+
+def _export(a) -> int:
+    from .export import export
+    from .trainer import latest_weights
+
+    ck, state = latest_weights(a.run)
+    return _print(export(ck, state, a.target, a.out, layout=a.layout, dtype=a.dtype, k=a.k))
+
+
+def _eval(a) -> int:
+    from .evaluate import evaluate
+
+    r = evaluate(a.draft, a.target, a.data, a.out, k_max=a.k_max)
+    return _print({k: r[k] for k in ("positions", "per_position_acceptance", "tau")})
+
+
+def _run(a) -> int:
+    from .recipe import run
+
+    r = run(a.recipe)
+    return _print({k: v for k, v in r.items() if k != "eval"} | ({"tau": r["eval"]["tau"]} if "eval" in r else {}))
+
+
+def add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="EAGLE-3 training pipeline (prepare/extract/vocab/train/export/eval/run/plan)")
+    ts = t.add_subparsers(dest="train_command", required=True)
+
+    p = ts.add_parser("prepare", help="chats -> token ids + assistant loss masks (optionally regenerated)")
+    p.add_argument("--model", required=True, help="target model dir (tokenizer + chat template)")
+    p.add_argument("--data", nargs="+", required=True, help=".jsonl/.json chat files or saved `datasets` dirs")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--max-samples", type=int)
+    p.add_argument("--regenerate-url", help="OpenAI-compatible vLLM server of the target: regenerate answers")
+    p.add_argument("--regenerate-max-tokens", type=int, default=512)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.set_defaults(func=_prepare)
+
+    x = ts.add_parser("extract", help="aux + final hidden states through vLLM into checksummed shards")
+    x.add_argument("--model", required=True)
+    x.add_argument("--prepared", required=True, help="output dir of `prepare`")
+    x.add_argument("--out", required=True)
+    x.add_argument("--layers", help="aux layer ids, vLLM convention (default 2,N//2,N-3)")
+    x.add_argument("--batch-size", type=int, default=8)
+    x.add_argument("--max-model-len", type=int, default=4096)
+    x.add_argument("--tensor-parallel-size", type=int, default=1)
+    x.add_argument("--dtype", default="auto")
+    x.set_defaults(func=_extract)
+
+    v = ts.add_parser("vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies")
+    v.add_argument("--model", required=True)
+    v.add_argument("--prepared", required=True)
+    v.add_argument("--out", required=True)
+    v.add_argument("--size", type=int, default=32000)
+    v.set_defaults(func=_vocab)
+
+    from .trainer import TrainConfig
+
+    tr = ts.add_parser("train", help="train the draft (TTT); under torchrun: DDP")
+    tr.add_argument("--target", required=True)
+    tr.add_argument("--data", required=True, help="output dir of `extract`")
+    tr.add_argument("--vocab", required=True, help="output dir of `vocab`")
+    tr.add_argument("--out", required=True)
+    for f in fields(TrainConfig):
+        kind = {"int": int, "float": float, "str": str, "bool": lambda s: s.lower() in ("1", "true", "yes")}
+        typ = kind.get(str(f.type).replace("int | None", "int"), str)
+        tr.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=f.default)
+    tr.set_defaults(func=_train)
+
+    e = ts.add_parser("export", help="checkpoint -> drafter directory vLLM serves (validated)")
+    e.add_argument("--run", required=True, help="output dir of `train`")
+    e.add_argument("--target", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--layout", choices=["speculators", "legacy"], default="speculators")
+    e.add_argument("--dtype", help="default: the target's torch_dtype")
+    e.add_argument("--k", type=int, default=3, help="speculative tokens recorded in the speculators config")
+    e.set_defaults(func=_export)
+
+    ev = ts.add_parser("eval", help="offline acceptance per position and tau(k), JSON + PNG")
+    ev.add_argument("--draft", required=True, help="exported drafter")
+    ev.add_argument("--target", required=True)
+    ev.add_argument("--data", required=True, help="`extract` output of held-out, target-generated chats")
+    ev.add_argument("--out", required=True)
+    ev.add_argument("--k-max", type=int, default=5)
+    ev.set_defaults(func=_eval)
+
+    r = ts.add_parser("run", help="all stages from a recipe (TOML), resuming where it stopped")
+    r.add_argument("recipe")
+    r.set_defaults(func=_run)
+
+    from .plan import register_cli
+
+    register_cli(ts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="vllm-k2")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    a = ap.parse_args(argv)
+    return a.func(a)

@@ -1,0 +1,243 @@
+"""``vllm-k2 train run recipe.toml``: all stages in order, resuming where a previous run
+stopped. A stage is done when its directory holds ``stage.json`` with the same settings
+and the same inputs (the digests of the stages it reads, written last, atomically); a
+stage whose settings or inputs changed is redone, and so, through the digests, is every
+stage after it. Extraction and training also resume inside a stage (shards, checkpoints).
+
+    work_dir = "runs/k25"                 # relative to the recipe file
+    [target]   model = "/models/Kimi-K2.5"
+    [prepare]  data = ["train.jsonl"], max_len = 2048, regenerate = "serve" | "http://..." | false,
+               regenerate_max_tokens = 512, serve_args = ["--tensor-parallel-size", "8"]
+    [eval_data] data = ["heldout.jsonl"]  # optional: prepared/extracted the same way, used by eval
+    [extract]  layers = [2, 30, 58], batch_size = 8, max_model_len = 4096, tensor_parallel_size = 8
+    [vocab]    size = 32000
+    [train]    epochs = 1, lr = 1e-4, ttt_steps = 7, ..., nproc = 8   (TrainConfig fields + nproc)
+    [export]   layout = "speculators", k = 3
+    [eval]     k_max = 5
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import fields
+
+import tomllib
+
+from . import atomic
+
+STAGES = ("prepare", "prepare_eval", "extract", "extract_eval", "vocab", "train", "export", "eval")
+
+
+class RecipeError(ValueError):
+    pass
+
+
+def load_recipe(path: str) -> dict:
+    with open(path, "rb") as f:
+        try:
+            r = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise RecipeError(f"{path}: {e}") from e
+    base = os.path.dirname(os.path.abspath(path))
+    for key in ("work_dir",):
+        if key not in r:
+            raise RecipeError(f"{path}: missing top-level '{key}'")
+    if "model" not in r.get("target", {}):
+        raise RecipeError(f"{path}: missing [target] model")
+    if not r.get("prepare", {}).get("data"):
+        raise RecipeError(f"{path}: missing [prepare] data (a list of chat files)")
+
+    def rel(p: str) -> str:
+        return p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(base, p))
+
+    r["work_dir"] = rel(r["work_dir"])
+    r["target"]["model"] = rel(r["target"]["model"])
+    for sec in ("prepare", "eval_data"):
+        if sec in r:
+            r[sec]["data"] = [rel(p) for p in r[sec]["data"]]
+    from .trainer import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)} | {"nproc", "draft"}
+    bad = set(r.get("train", {})) - known
+    if bad:
+        raise RecipeError(f"{path}: unknown [train] keys {sorted(bad)}; known: {sorted(known)}")
+    return r
+
+
+def _done(stage_dir: str, settings: dict) -> bool:
+    p = os.path.join(stage_dir, "stage.json")
+    return os.path.exists(p) and atomic.read_json(p) == settings
+
+
+def _mark(stage_dir: str, settings: dict) -> None:
+    atomic.write_json(os.path.join(stage_dir, "stage.json"), settings)
+
+
+def run(recipe_path: str, log=print) -> dict:
+    r = load_recipe(recipe_path)
+    wd, model = r["work_dir"], r["target"]["model"]
+    os.makedirs(wd, exist_ok=True)
+    d = {s: os.path.join(wd, s) for s in STAGES}
+    prep, ext = r["prepare"], r.get("extract", {})
+
+    chain = {"": ""}  # settings digest of the stage before, per dependency line
+
+    def stage(name: str, settings: dict, fn, after: tuple[str, ...] = ("",)) -> None:
+        # A stage's identity includes its inputs' identity: a changed upstream stage makes
+        # every stage after it stale, across invocations too.
+        settings = {"model": model, **settings, "after": [chain[a] for a in after]}
+        chain[name] = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+        if _done(d[name], settings):
+            log(f"[{name}] done already ({d[name]})")
+            return
+        pending = os.path.join(d[name], "stage.pending.json")
+        # Resume a stage interrupted with the same settings and inputs (shards, checkpoints);
+        # anything else in its directory is stale.
+        if os.path.exists(pending) and atomic.read_json(pending) == settings:
+            log(f"[{name}] resuming -> {d[name]}")
+        else:
+            shutil.rmtree(d[name], ignore_errors=True)
+            log(f"[{name}] running -> {d[name]}")
+        os.makedirs(d[name], exist_ok=True)
+        atomic.write_json(pending, settings)
+        fn()
+        _mark(d[name], settings)
+        with contextlib.suppress(FileNotFoundError):  # atomic stages replace their whole directory
+            os.unlink(pending)
+
+    from .prepare import prepare
+
+    # The data files' content is part of the settings: edited data redoes the stages.
+    p_set = {**{k: v for k, v in prep.items() if k != "serve_args"}, "data_sha256": _digests(prep["data"])}
+    e_set = None
+    if "eval_data" in r:
+        ev = r["eval_data"]
+        e_set = {**p_set, **ev, "data_sha256": _digests(ev["data"])}
+    prepared = _done(d["prepare"], {"model": model, **p_set, "after": [""]}) and (
+        e_set is None or _done(d["prepare_eval"], {"model": model, **e_set, "after": [""]})
+    )
+    # No regeneration server when both prepare stages are done already.
+    with _regeneration_server({} if prepared else prep, model, log) as url:
+        common = dict(
+            max_len=prep.get("max_len", 2048),
+            regenerate_url=url,
+            regenerate_max_tokens=prep.get("regenerate_max_tokens", 512),
+        )
+        stage(
+            "prepare",
+            p_set,
+            lambda: prepare(model, prep["data"], d["prepare"], max_samples=prep.get("max_samples"), **common),
+        )
+        if e_set is not None:
+            stage(
+                "prepare_eval",
+                e_set,
+                lambda: prepare(model, ev["data"], d["prepare_eval"], max_samples=ev.get("max_samples"), **common),
+            )
+    from .extract import extract
+
+    x = dict(
+        layer_ids=ext.get("layers"),
+        batch_size=ext.get("batch_size", 8),
+        max_model_len=ext.get("max_model_len", 4096),
+        tensor_parallel_size=ext.get("tensor_parallel_size", 1),
+        dtype=ext.get("dtype", "auto"),
+    )
+    stage("extract", ext, lambda: extract(model, d["prepare"], d["extract"], log=log, **x), after=("prepare",))
+    if "eval_data" in r:
+        stage(
+            "extract_eval",
+            ext,
+            lambda: extract(model, d["prepare_eval"], d["extract_eval"], log=log, **x),
+            after=("prepare_eval",),
+        )
+    from .extract import target_text_config
+    from .vocab import build_vocab
+
+    voc = r.get("vocab", {})
+    target_vocab = int(target_text_config(model)["vocab_size"])
+    stage(
+        "vocab",
+        voc,
+        lambda: build_vocab(d["prepare"], d["vocab"], voc.get("size", 32000), target_vocab),
+        after=("prepare",),
+    )
+    tr = dict(r.get("train", {}))
+    stage("train", tr, lambda: _train(model, d, tr, log), after=("extract", "vocab"))
+    ex = r.get("export", {})
+    from .export import export
+    from .trainer import latest_weights
+
+    def _export():
+        ck, state = latest_weights(d["train"])
+        export(
+            ck,
+            state,
+            model,
+            d["export"],
+            layout=ex.get("layout", "speculators"),
+            dtype=ex.get("dtype"),
+            k=ex.get("k", 3),
+        )
+
+    stage("export", ex, _export, after=("train",))
+    result: dict = {"work_dir": wd, "export": d["export"]}
+    if "eval_data" in r:
+        from .evaluate import evaluate
+
+        evc = r.get("eval", {})
+        stage(
+            "eval",
+            evc,
+            lambda: evaluate(d["export"], model, d["extract_eval"], d["eval"], k_max=evc.get("k_max", 5)),
+            after=("export", "extract_eval"),
+        )
+        result["eval"] = atomic.read_json(os.path.join(d["eval"], "eval.json"))
+    return result
+
+
+def _digests(paths: list[str]) -> list[str]:
+    from .shards import sha256
+
+    return [sha256(p) if os.path.isfile(p) else f"dir:{p}" for p in paths]
+
+
+def _train(model: str, d: dict, tr: dict, log) -> None:
+    from .trainer import TrainConfig, train
+
+    nproc = int(tr.pop("nproc", 1))
+    draft = tr.pop("draft", None)
+    if nproc <= 1:
+        train(model, d["extract"], d["vocab"], d["train"], TrainConfig(**tr), draft)
+        return
+    # Several processes: torchrun runs the same stage CLI in each (DDP).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "vllm_k2_plugin.cli", "train", "train", "--target", model, "--data", d["extract"],
+           "--vocab", d["vocab"], "--out", d["train"]]  # fmt: skip
+    for k, v in tr.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    log(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+
+
+@contextlib.contextmanager
+def _regeneration_server(prep: dict, model: str, log):
+    how = prep.get("regenerate", False)
+    if not how:
+        yield None
+    elif how == "serve":
+        from vllm_k2_plugin.bench.server import vllm_server
+
+        log(f"[prepare] starting a vLLM server for {model} to regenerate assistant turns")
+        with vllm_server(model, list(prep.get("serve_args", []))) as url:
+            yield url
+    elif isinstance(how, str) and how.startswith("http"):
+        yield how
+    else:
+        raise RecipeError(f"[prepare] regenerate must be false, 'serve' or a server URL, not {how!r}")
