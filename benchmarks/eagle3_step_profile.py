@@ -3,7 +3,9 @@
 Runs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) under cProfile and reads
 vLLM's own functions from the profile: the engine-core step, the scheduler, the target
 model's forward, the drafter's proposal, the rejection sampler. Times are per engine step
-(cumulative time / calls of the step function), single stream, greedy.
+(cumulative time / calls of the step function), single stream, greedy. cProfile slows
+Python-heavy parts (scheduler, proposer bookkeeping) more than the model's kernels: use
+the split, not the absolute tok/s (`vllm-k2 bench ab` measures those without a profiler).
 
     python benchmarks/eagle3_step_profile.py --model TARGET --draft DRAFT [--k 3] [--prompts FILE]
         [--max-tokens 96] [--json OUT.json]
@@ -29,7 +31,8 @@ PROBES = [
     ("runner execute_model", "gpu_model_runner.py", "execute_model"),
     ("target forward", "gpu_model_runner.py", "_model_forward"),
     ("runner sample_tokens", "gpu_model_runner.py", "sample_tokens"),
-    ("draft: propose", "v1/spec_decode/eagle.py", "propose"),
+    ("draft: propose_draft_token_ids", "gpu_model_runner.py", "propose_draft_token_ids"),
+    ("draft: proposer.propose", ("v1/spec_decode/eagle.py", "v1/spec_decode/llm_base_proposer.py"), "propose"),
     ("rejection sampler", "v1/sample/rejection_sampler.py", "forward"),
 ]
 
@@ -39,7 +42,7 @@ def _probe(stats: pstats.Stats) -> dict:
     for label, suffix, name in PROBES:
         best = None
         for (path, _line, func), (_cc, nc, _tt, ct, _callers) in stats.stats.items():
-            if func == name and path.endswith(suffix) and (best is None or ct > best[1]):
+            if func == name and path.endswith(suffix) and (best is None or ct > best[1]):  # suffix: str | tuple
                 best = (nc, ct)
         if best:
             out[label] = {"calls": best[0], "seconds": best[1]}
