@@ -260,6 +260,9 @@ def train(
                 ctx = net.no_sync() if (world > 1 and not sync) else _null()
                 with ctx, autocast:
                     # Through the (DDP) wrapper: its forward is the TTT loss, so gradient hooks fire.
+                    # Each micro-batch's loss is a mean over its own masked tokens; DDP and accumulation
+                    # average those means, which equals the global per-token mean only when micro-batches
+                    # hold equal masked-token counts (a small bias otherwise, as in speculators/SpecForge).
                     loss, met = net(batch, verifier_w, cfg.ttt_steps, cfg.step_decay)
                 (loss / cfg.grad_accum).backward()
                 for k, v in met.items():
