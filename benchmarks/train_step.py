@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vllm_k2_plugin.train import draft_model as dm  # noqa: E402
 from vllm_k2_plugin.train import ttt  # noqa: E402
-from vllm_k2_plugin.train.plan import train_step_flops  # noqa: E402
+from vllm_k2_plugin.train.hardware import DraftDims  # noqa: E402
+from vllm_k2_plugin.train.plan import draft_step_flops  # noqa: E402
 
 STEPS = 7  # TTT steps of the default recipe
 DECAY = 0.8
@@ -57,22 +58,8 @@ def small_config() -> dm.DraftConfig:
 
 def step_flops(cfg: dm.DraftConfig, batch: int, seq: int, steps: int) -> dict:
     """Model FLOPs of one optimizer step on a [batch, seq] all-ones loss mask (the synthetic
-    batches below): step k trains on batch*(seq-2-k) positions (``shift(mask, 2+k)``)."""
-    masked = [batch * max(seq - 2 - k, 0) for k in range(steps)]
-    return train_step_flops(
-        hidden=cfg.hidden_size,
-        target_hidden=cfg.target_hidden_size,
-        num_aux=cfg.num_aux,
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        intermediate=cfg.intermediate_size,
-        draft_vocab=cfg.draft_vocab_size,
-        batch=batch,
-        seq=seq,
-        steps=steps,
-        masked_per_step=masked,
-    )
+    batches below): the planner's formula at this config's dims."""
+    return draft_step_flops(seq, batch=batch, steps=steps, dims=DraftDims.from_config(cfg))
 
 
 def build(cfg: dm.DraftConfig, device, seed: int = 0):

@@ -32,6 +32,18 @@ def small_cfg(rep: int = 2) -> dm.DraftConfig:
     )
 
 
+def _bench():
+    """benchmarks/train_step.py (a script, not a package module), for its configs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_step.py"
+    spec = importlib.util.spec_from_file_location("train_step_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def make(cfg, device="cpu", dtype=torch.float32, b=2, t=23, seed=0):
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
@@ -134,18 +146,7 @@ def test_bad_impl_names():
 
 @pytest.mark.gpu
 def test_fused_step_equals_reference_bf16_cuda():
-    cfg = dm.DraftConfig(
-        hidden_size=512,
-        target_hidden_size=512,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        head_dim=64,
-        intermediate_size=1024,
-        draft_vocab_size=4000,
-        vocab_size=16000,
-        aux_layer_ids=[2, 30, 58],
-    )
-    model, batch, vw = make(cfg, device="cuda", b=2, t=512, seed=5)
+    model, batch, vw = make(_bench().small_config(), device="cuda", b=2, t=512, seed=5)
     batch = ttt.Batch(batch.input_ids, batch.aux.bfloat16(), batch.final.bfloat16(), batch.loss_mask)
     model.embed_tokens = model.embed_tokens.bfloat16()
     # bf16 operands: ~1e-2 relative on gradients (METHOD.md's bf16 band), loss to 1e-3
@@ -175,13 +176,7 @@ def test_fused_attention_equals_reference_cuda_fp64_ref():
 
 @pytest.mark.gpu
 def test_benchmark_step_runs_small_cuda():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_step.py"
-    spec = importlib.util.spec_from_file_location("train_step_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     res = bench.bench_single(bench.small_config(), batch=1, seq=256, steps=7, warmup=1, iters=2)
     assert res["tokens_per_s"] > 0 and res["peak_mem_gib"] > 0
     assert res["model_flops_per_step"] == bench.step_flops(bench.small_config(), 1, 256, 7)["total"]

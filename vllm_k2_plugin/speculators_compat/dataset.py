@@ -12,23 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tqdm import tqdm
 
-
-def _atomic_write(path: str, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from .. import fileio
 
 
 def load_manifest(out_dir: str) -> dict:
@@ -65,9 +54,9 @@ def generate_dataset(
         for i, row in zip(indices, rows, strict=True):
             row["index"] = i
         name = f"shard-{len(manifest['shards']):05d}.pt"
-        _atomic_write(os.path.join(out_dir, name), lambda p, rows=rows: torch.save(rows, p))
+        fileio.write_file(os.path.join(out_dir, name), lambda p, rows=rows: torch.save(rows, p))
         manifest["shards"].append({"file": name, "indices": indices})
-        _atomic_write(
+        fileio.write_file(
             os.path.join(out_dir, "manifest.json"),
             lambda p: open(p, "w").write(json.dumps(manifest, indent=1)),
         )

@@ -21,7 +21,7 @@ import os
 import torch
 from tqdm import tqdm
 
-from . import atomic
+from .. import fileio
 from .export import load_export
 from .shards import ShardReader
 from .target_weights import LM_HEAD, load_tensor
@@ -101,7 +101,7 @@ def evaluate(export_dir: str, target: str, extract_dir: str, out_dir: str, k_max
         "served": served,
     }
     os.makedirs(out_dir, exist_ok=True)
-    atomic.write_json(os.path.join(out_dir, "eval.json"), result)
+    fileio.write_json(os.path.join(out_dir, "eval.json"), result)
     plot(result, os.path.join(out_dir, "acceptance.png"))
     return result
 
@@ -126,5 +126,5 @@ def plot(result: dict, path: str) -> None:
     b.set_xticks(ks)
     fig.suptitle(f"offline EAGLE-3 acceptance ({result['positions']} positions)")
     fig.tight_layout()
-    atomic.write_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    fileio.write_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)

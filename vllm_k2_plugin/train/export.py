@@ -17,13 +17,13 @@ import os
 
 import torch
 
-from . import atomic
+from .. import fileio
 from .draft_model import DraftConfig, Eagle3Draft
 
 LAYOUTS = ("speculators", "legacy")
 
 
-def _llama_layer(cfg: DraftConfig, dtype: str) -> dict:
+def llama_layer_config(cfg: DraftConfig, dtype: str) -> dict:
     return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -78,12 +78,12 @@ def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int
                 "default_proposal_method": "greedy",
                 "verifier": {"name_or_path": os.path.abspath(target), "architectures": target_arch},
             },
-            "transformer_layer_config": _llama_layer(cfg, dtype),
+            "transformer_layer_config": llama_layer_config(cfg, dtype),
             **common,
         }
     if layout == "legacy":
         return {
-            **_llama_layer(cfg, dtype),
+            **llama_layer_config(cfg, dtype),
             "architectures": ["LlamaForCausalLMEagle3"],
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
             **common,
@@ -115,7 +115,7 @@ def export(
     src = load_file(checkpoint)
     tensors = {_rename(n, layout): (v.to(tdtype) if v.is_floating_point() else v).contiguous() for n, v in src.items()}
     config = export_config(layout, cfg, target, dtype, k)
-    with atomic.directory(out_dir) as tmp:
+    with fileio.directory(out_dir) as tmp:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=1)

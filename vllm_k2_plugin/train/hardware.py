@@ -107,6 +107,21 @@ class DraftDims:
     draft_vocab: int = 32_000
     target_vocab: int = 163_840
 
+    @classmethod
+    def from_config(cls, cfg) -> DraftDims:
+        """The dims of a ``train.draft_model.DraftConfig`` (any size)."""
+        return cls(
+            hidden=cfg.hidden_size,
+            target_hidden=cfg.target_hidden_size,
+            num_aux=cfg.num_aux,
+            heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            intermediate=cfg.intermediate_size,
+            draft_vocab=cfg.draft_vocab_size,
+            target_vocab=cfg.vocab_size,
+        )
+
     @property
     def trainable_params(self) -> int:
         """fc + q/k/v/o + MLP + 4 RMSNorms + LM head (the frozen embedding is a buffer)."""

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from . import atomic
+from .. import fileio
 from .chats import read_chats
 
 
@@ -39,7 +39,13 @@ def load_tokenizer(model: str):
 
 
 def render(tok, messages: list[dict], max_len: int) -> tuple[list[int], list[int]]:
-    """Token ids and 0/1 loss mask (assistant spans) of one conversation."""
+    """Token ids and 0/1 loss mask (assistant spans) of one conversation, cut to max_len."""
+    ids, mask = encode(tok, messages)
+    return ids[:max_len], mask[:max_len]
+
+
+def encode(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids and 0/1 loss mask (assistant spans) of one whole conversation."""
     text = tok.apply_chat_template(messages, tokenize=False)
     spans = []
     for i, m in enumerate(messages):
@@ -51,9 +57,9 @@ def render(tok, messages: list[dict], max_len: int) -> tuple[list[int], list[int
             raise TemplateError(f"chat template does not render turn {i} as a prefix of the conversation")
         spans.append((len(before), len(upto)))
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])[:max_len]
+    ids = list(enc["input_ids"])
     mask = []
-    for start, end in enc["offset_mapping"][: len(ids)]:
+    for start, end in enc["offset_mapping"]:
         mask.append(int(any(a <= start and end <= b and end > start for a, b in spans)))
     return ids, mask
 
@@ -113,12 +119,11 @@ def prepare(
         chats = [(where, msgs) for (where, _), msgs in zip(chats, regenerated, strict=True)]
     rows, truncated, masked = [], 0, 0
     for where, msgs in tqdm(chats, desc="render", unit="chat"):
-        ids, mask = render(tok, msgs, max_len)
+        full_ids, full_mask = encode(tok, msgs)
+        truncated += len(full_ids) > max_len
+        ids, mask = full_ids[:max_len], full_mask[:max_len]
         if sum(mask) == 0:
             raise TemplateError(f"{where}: no assistant token left within max_len={max_len}")
-        truncated += (
-            len(tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]) > max_len
-        )
         masked += sum(mask)
         rows.append({"id": where, "input_ids": ids, "loss_mask": mask})
     meta = {
@@ -132,7 +137,7 @@ def prepare(
         "regenerated_by": regenerate_url,
         "regenerate_max_tokens": regenerate_max_tokens if regenerate_url else None,
     }
-    with atomic.directory(out_dir) as tmp:
+    with fileio.directory(out_dir) as tmp:
         with open(os.path.join(tmp, "samples.jsonl"), "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")

@@ -29,7 +29,7 @@ from dataclasses import fields
 
 import tomllib
 
-from . import atomic
+from .. import fileio
 
 STAGES = ("prepare", "prepare_eval", "extract", "extract_eval", "vocab", "train", "export", "eval")
 
@@ -72,11 +72,11 @@ def load_recipe(path: str) -> dict:
 
 def _done(stage_dir: str, settings: dict) -> bool:
     p = os.path.join(stage_dir, "stage.json")
-    return os.path.exists(p) and atomic.read_json(p) == settings
+    return os.path.exists(p) and fileio.read_json(p) == settings
 
 
 def _mark(stage_dir: str, settings: dict) -> None:
-    atomic.write_json(os.path.join(stage_dir, "stage.json"), settings)
+    fileio.write_json(os.path.join(stage_dir, "stage.json"), settings)
 
 
 def run(recipe_path: str, log=print) -> dict:
@@ -99,13 +99,13 @@ def run(recipe_path: str, log=print) -> dict:
         pending = os.path.join(d[name], "stage.pending.json")
         # Resume a stage interrupted with the same settings and inputs (shards, checkpoints);
         # anything else in its directory is stale.
-        if os.path.exists(pending) and atomic.read_json(pending) == settings:
+        if os.path.exists(pending) and fileio.read_json(pending) == settings:
             log(f"[{name}] resuming -> {d[name]}")
         else:
             shutil.rmtree(d[name], ignore_errors=True)
             log(f"[{name}] running -> {d[name]}")
         os.makedirs(d[name], exist_ok=True)
-        atomic.write_json(pending, settings)
+        fileio.write_json(pending, settings)
         fn()
         _mark(d[name], settings)
         with contextlib.suppress(FileNotFoundError):  # atomic stages replace their whole directory
@@ -198,14 +198,12 @@ def run(recipe_path: str, log=print) -> dict:
             lambda: evaluate(d["export"], model, d["extract_eval"], d["eval"], k_max=evc.get("k_max", 5)),
             after=("export", "extract_eval"),
         )
-        result["eval"] = atomic.read_json(os.path.join(d["eval"], "eval.json"))
+        result["eval"] = fileio.read_json(os.path.join(d["eval"], "eval.json"))
     return result
 
 
 def _digests(paths: list[str]) -> list[str]:
-    from .shards import sha256
-
-    return [sha256(p) if os.path.isfile(p) else f"dir:{p}" for p in paths]
+    return [fileio.sha256(p) if os.path.isfile(p) else f"dir:{p}" for p in paths]
 
 
 def _train(model: str, d: dict, tr: dict, log) -> None:

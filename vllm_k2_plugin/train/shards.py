@@ -13,12 +13,11 @@ garbage in training.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import torch
 
-from . import atomic
+from .. import fileio
 
 MANIFEST = "manifest.json"
 
@@ -27,19 +26,11 @@ class ShardError(ValueError):
     pass
 
 
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_manifest(out_dir: str) -> dict:
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(path):
         return {"metadata": None, "shards": []}
-    return atomic.read_json(path)
+    return fileio.read_json(path)
 
 
 def write_shard(out_dir: str, manifest: dict, samples: list[dict]) -> dict:
@@ -58,10 +49,15 @@ def write_shard(out_dir: str, manifest: dict, samples: list[dict]) -> dict:
         "sample_index": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
     }
     path = os.path.join(out_dir, name)
-    atomic.write_file(path, lambda tmp: save_file(tensors, tmp))
-    entry = {"file": name, "sha256": sha256(path), "samples": [s["index"] for s in samples], "tokens": sum(lengths)}
+    fileio.write_file(path, lambda tmp: save_file(tensors, tmp))
+    entry = {
+        "file": name,
+        "sha256": fileio.sha256(path),
+        "samples": [s["index"] for s in samples],
+        "tokens": sum(lengths),
+    }
     manifest["shards"].append(entry)
-    atomic.write_json(os.path.join(out_dir, MANIFEST), manifest)
+    fileio.write_json(os.path.join(out_dir, MANIFEST), manifest)
     return entry
 
 
@@ -97,7 +93,7 @@ class ShardReader:
         if not os.path.exists(path):
             raise ShardError(f"{path}: listed in {MANIFEST} but missing")
         if self._verify and path not in self._verified:
-            got = sha256(path)
+            got = fileio.sha256(path)
             if got != entry["sha256"]:
                 raise ShardError(f"{path}: sha256 {got} != {entry['sha256']} in {MANIFEST}: the shard is corrupted")
             self._verified.add(path)

@@ -11,7 +11,8 @@ verifier through its own model classes; this loop trains the draft vLLM runs
 (``draft_model``) on our checksummed shards, on CPU and GPU alike.
 
 Why DDP and not FSDP: the K2.5 draft is ~1.2 B trainable parameters (+ a frozen 2.35 GB
-embedding): with AdamW that is ~20 GB per GPU, which fits every GPU we target; sharding
+embedding): its training step peaked at 30.3 GiB on an H200 at batch 1 x 2,048 tokens
+(benchmarks/results/train_step_h200.md), which fits every GPU we target; sharding
 would only add communication.
 
 Checkpoints (atomic directories): out/checkpoints/step-NNNNNNN/{draft.safetensors,
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import atomic
+from .. import fileio
 from .draft_model import DraftConfig, Eagle3Draft
 from .shards import ShardReader
 from .target_weights import EMBED, LM_HEAD, load_tensor
@@ -161,7 +162,7 @@ def _dist():
 
 def _latest(out_dir: str) -> dict | None:
     path = os.path.join(out_dir, "checkpoints", "latest.json")
-    return atomic.read_json(path) if os.path.exists(path) else None
+    return fileio.read_json(path) if os.path.exists(path) else None
 
 
 def _save(out_dir: str, step: int, model: Eagle3Draft, opt, sched, cfg: TrainConfig, dcfg: DraftConfig) -> None:
@@ -169,12 +170,12 @@ def _save(out_dir: str, step: int, model: Eagle3Draft, opt, sched, cfg: TrainCon
 
     ck_root = os.path.join(out_dir, "checkpoints")
     name = f"step-{step:07d}"
-    with atomic.directory(os.path.join(ck_root, name)) as tmp:
+    with fileio.directory(os.path.join(ck_root, name)) as tmp:
         save_file({k: v.contiguous() for k, v in model.exported_state_dict().items()}, f"{tmp}/draft.safetensors")
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, f"{tmp}/optimizer.pt")
         with open(f"{tmp}/state.json", "w") as f:
             json.dump({"step": step, "train": asdict(cfg), "draft": dcfg.to_dict()}, f, indent=1)
-    atomic.write_json(os.path.join(ck_root, "latest.json"), {"step": step, "dir": name})
+    fileio.write_json(os.path.join(ck_root, "latest.json"), {"step": step, "dir": name})
     old = sorted(d for d in os.listdir(ck_root) if d.startswith("step-") and d != name)
     for d in old[: max(0, len(old) - (cfg.keep_checkpoints - 1))]:
         shutil.rmtree(os.path.join(ck_root, d), ignore_errors=True)
@@ -185,7 +186,7 @@ def _truncate_metrics(path: str, step: int) -> None:
         return
     with open(path) as f:
         keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-    atomic.write_file(path, lambda tmp: open(tmp, "w").writelines(keep))
+    fileio.write_file(path, lambda tmp: open(tmp, "w").writelines(keep))
 
 
 def train(
@@ -222,7 +223,7 @@ def train(
     latest = _latest(out_dir)
     if latest:
         ck = os.path.join(out_dir, "checkpoints", latest["dir"])
-        state = atomic.read_json(os.path.join(ck, "state.json"))
+        state = fileio.read_json(os.path.join(ck, "state.json"))
         if state["draft"] != dcfg.to_dict():
             raise ValueError(f"{ck}: checkpoint draft config differs from this run's; use another --out")
         model.load_state_dict(load_file(os.path.join(ck, "draft.safetensors")), strict=False)
@@ -300,7 +301,7 @@ def train(
             log.close()
     summary = {"steps": total, "world_size": world, "global_batch": g, "samples": len(data), "draft": dcfg.to_dict()}
     if rank == 0:
-        atomic.write_json(os.path.join(out_dir, "train.json"), summary)
+        fileio.write_json(os.path.join(out_dir, "train.json"), summary)
     return summary
 
 
@@ -318,4 +319,4 @@ def latest_weights(out_dir: str) -> tuple[str, dict]:
     if not latest:
         raise FileNotFoundError(f"{out_dir}: no checkpoints/latest.json; run `vllm-k2 train train` first")
     ck = os.path.join(out_dir, "checkpoints", latest["dir"])
-    return os.path.join(ck, "draft.safetensors"), atomic.read_json(os.path.join(ck, "state.json"))
+    return os.path.join(ck, "draft.safetensors"), fileio.read_json(os.path.join(ck, "state.json"))

@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from . import atomic
+from .. import fileio
 from .prepare import read_samples
 
 VOCAB_FILE = "vocab.safetensors"
@@ -55,7 +55,7 @@ def build_vocab(prepared_dir: str, out_dir: str, draft_vocab_size: int, target_v
     for t, c in counts.items():
         freq[t] = c
     os.makedirs(out_dir, exist_ok=True)
-    atomic.write_file(
+    fileio.write_file(
         os.path.join(out_dir, VOCAB_FILE),
         lambda tmp: save_file({"d2t": maps["d2t"], "t2d": maps["t2d"], "token_freq": freq}, tmp),
     )
@@ -66,7 +66,7 @@ def build_vocab(prepared_dir: str, out_dir: str, draft_vocab_size: int, target_v
         "masked_tokens": maps["masked_tokens"],
         "coverage": maps["coverage"],
     }
-    atomic.write_json(os.path.join(out_dir, "vocab.json"), report)
+    fileio.write_json(os.path.join(out_dir, "vocab.json"), report)
     return report
 
 

@@ -1,8 +1,10 @@
-"""Atomic file and directory writes: a reader sees the old version or the new one,
-never half of one (a killed stage must not leave a file that looks complete)."""
+"""Atomic file and directory writes (a reader sees the old version or the new one, never
+half of one: a killed stage must not leave a file that looks complete) and file digests.
+Shared by the fixtures, the speculators dataset writer and the training pipeline."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -61,3 +63,11 @@ def directory(path: str):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
