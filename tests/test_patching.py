@@ -168,3 +168,36 @@ def test_duplicate_names_rejected():
     reg.add(make("x", faster))
     with pytest.raises(ValueError, match="two patches are named 'x'"):
         reg.add(make("x", lambda ctx: None))
+
+
+def test_wrap_links_the_original_checks_and_reverts(toy):
+    original = toy.Engine.speed
+
+    def doubled(orig):
+        def speed(self):
+            return 2 * orig(self)
+
+        return speed
+
+    seen = []
+    reg = PatchRegistry()
+    p = reg.add(make("doubled", lambda ctx: ctx.wrap(ctx.target(), "speed", doubled, check=seen.append)))
+    reg.apply_all()
+    assert p.state is PatchState.APPLIED and toy.Engine().speed() == 2
+    assert toy.Engine.speed.__wrapped__ is original and toy.Engine.speed.__qualname__ == original.__qualname__
+    assert seen == [toy.Engine.speed]  # the check saw the wrapper before it was installed
+    reg.apply_all()  # idempotent: never a wrapper around our wrapper
+    assert toy.Engine().speed() == 2
+    reg.revert_all()
+    assert toy.Engine.speed is original
+
+
+def test_wrap_check_refusal_installs_nothing(toy):
+    def refuse(wrapper):
+        raise RuntimeError("wrapper does not behave")
+
+    reg = PatchRegistry()
+    p = reg.add(make("refused", lambda ctx: ctx.wrap(ctx.target(), "speed", lambda o: lambda self: 5, check=refuse)))
+    reg.apply_all()
+    assert p.state is PatchState.FAILED and "does not behave" in p.reason
+    assert toy.Engine().speed() == 1

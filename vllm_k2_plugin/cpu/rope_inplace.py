@@ -70,7 +70,6 @@ def _fixed_forward_cpu(original):
             _write_back(key, k2)
         return query, key
 
-    forward_cpu.__wrapped__ = original
     return forward_cpu
 
 
@@ -90,9 +89,9 @@ def _apply(ctx: PatchContext) -> None:
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     ctx.target()  # names this patch if forward_cpu moved
-    if ctx.owns(RotaryEmbedding, "forward_cpu"):
-        return
-    fixed = _fixed_forward_cpu(RotaryEmbedding.forward_cpu)
-    if not _rotates_like_reference(fixed):
-        raise ctx.fail("the 2-D workaround does not match the reference rotation either; the op changed")
-    ctx.replace(RotaryEmbedding, "forward_cpu", fixed)
+
+    def check(fixed) -> None:
+        if not _rotates_like_reference(fixed):
+            raise ctx.fail("the 2-D workaround does not match the reference rotation either; the op changed")
+
+    ctx.wrap(RotaryEmbedding, "forward_cpu", _fixed_forward_cpu, check=check)

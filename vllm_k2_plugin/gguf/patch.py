@@ -27,7 +27,6 @@ def _unquantized_moe_when_skipped(original):
             return UnquantizedFusedMoEMethod(layer.moe_config)
         return original(self, layer, prefix)
 
-    get_quant_method.__wrapped__ = original
     return get_quant_method
 
 
@@ -47,7 +46,7 @@ def _apply(ctx: PatchContext) -> None:
     from .k2p_gguf_loader import K2GGUFModelLoader
 
     ctx.replace_item(ctx.target(), "gguf", K2GGUFModelLoader)
-    ctx.replace(GGUFConfig, "get_quant_method", _unquantized_moe_when_skipped(GGUFConfig.get_quant_method))
+    ctx.wrap(GGUFConfig, "get_quant_method", _unquantized_moe_when_skipped)
 
 
 def _gguf_skips_speculators_probe(original):
@@ -60,7 +59,6 @@ def _gguf_skips_speculators_probe(original):
             return model, tokenizer, vllm_speculative_config
         return original(model, tokenizer, trust_remote_code, revision, vllm_speculative_config, **kwargs)
 
-    maybe_override_with_speculators.__wrapped__ = original
     return maybe_override_with_speculators
 
 
@@ -77,4 +75,5 @@ def _gguf_skips_speculators_probe(original):
 def _apply_probe(ctx: PatchContext) -> None:
     from vllm.engine import arg_utils
 
-    ctx.replace(arg_utils, "maybe_override_with_speculators", _gguf_skips_speculators_probe(ctx.target()))
+    ctx.target()  # names this patch if the function moved
+    ctx.wrap(arg_utils, "maybe_override_with_speculators", _gguf_skips_speculators_probe)

@@ -46,7 +46,6 @@ def _wrap(original):
         preflight(spec, target_model_config)
         return spec
 
-    create_speculative_config.__wrapped__ = original
     return create_speculative_config
 
 
@@ -62,4 +61,5 @@ def _wrap(original):
 def _apply(ctx: PatchContext) -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    ctx.replace(EngineArgs, "create_speculative_config", _wrap(ctx.target()))
+    ctx.target()  # names this patch if the method moved
+    ctx.wrap(EngineArgs, "create_speculative_config", _wrap)

@@ -61,7 +61,6 @@ def _model_forward_with_aux(original_forward):
         hidden, _ = self.norm(hidden, residual)
         return hidden, aux
 
-    forward.__wrapped__ = original_forward
     return forward
 
 
@@ -107,8 +106,8 @@ def _get_aux_layers(self) -> tuple[int, ...]:
 def _apply_deepseek(ctx: PatchContext) -> None:
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
 
-    forward = ctx.target()
-    ctx.replace(DeepseekV2Model, "forward", _model_forward_with_aux(forward))
+    ctx.target()  # names this patch if forward moved
+    ctx.wrap(DeepseekV2Model, "forward", _model_forward_with_aux)
     ctx.replace(DeepseekV2Model, "aux_hidden_state_layers", ())
     ctx.replace(DeepseekV2ForCausalLM, "supports_eagle3", True)
     ctx.replace(DeepseekV2ForCausalLM, "set_aux_hidden_state_layers", _set_aux_layers)

@@ -11,6 +11,7 @@ attribute, and reversible.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,6 +131,18 @@ class PatchContext:
         original = getattr(owner, attr, None)
         setattr(owner, attr, value)
         self.patch.replaced.append(("attr", owner, attr, original, had))
+
+    def wrap(self, owner: Any, attr: str, make: Callable[[Any], Any], check: Callable[[Any], None] | None = None):
+        """Replace owner.attr by make(original): the wrapper gets functools.wraps(original)
+        (``__wrapped__``, name, doc), ``check(wrapper)`` may refuse it before it is installed;
+        recorded like replace(). Returns what owner.attr is afterwards."""
+        if not self.owns(owner, attr):
+            original = getattr(owner, attr)
+            wrapper = functools.wraps(original)(make(original))
+            if check is not None:
+                check(wrapper)
+            self.replace(owner, attr, wrapper)
+        return getattr(owner, attr)
 
     def replace_item(self, mapping: Any, key: Any, value: Any) -> None:
         """mapping[key] = value, recorded; for registries such as _CONFIG_REGISTRY."""
