@@ -15,7 +15,9 @@ def main(job_path, out_path):
     result = {"ok": False}
     try:
         if job.get("shim", True):
-            import vllm_k2_plugin.speculators_compat  # noqa: F401 - applies the shim
+            from vllm_k2_plugin.speculators_compat import enable
+
+            enable()  # applies the shim
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         kwargs = dict(max_model_len=job.get("max_model_len", 256))

@@ -118,3 +118,21 @@ def test_good_drafter_passes_offline(k25_model, fixture_root):
     good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
     s = check_draft(good, TargetShape.from_config_file(k25_model))
     assert s.draft_vocab_size == 768 and s.aux_layer_ids == (2, 4, 8)
+
+
+@pytest.mark.slow
+def test_config_only_drafter_passes_preflight_with_dummy_weights(k25_model, fixture_root, tmp_path):
+    """load_format="dummy" (benchmarks at full size without weight files): the drafter's
+    config is still checked, its missing weight files are not an error; with real loading
+    they are, by name."""
+    good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
+    bare = tmp_path / "config-only"
+    bare.mkdir()
+    shutil.copy(os.path.join(good, "config.json"), bare / "config.json")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "r").mkdir()
+    dummy = _config_jobs(k25_model, [str(bare)], tmp_path / "d", engine_env(), load_draft=False, load_format="dummy")
+    real = _config_jobs(k25_model, [str(bare)], tmp_path / "r", engine_env(), load_draft=False)
+    assert dummy[str(bare)]["ok"], dummy[str(bare)].get("traceback")
+    r = real[str(bare)]
+    assert not r["ok"] and r["error_type"] == "DraftCheckError" and "no *.safetensors" in r["error"], r

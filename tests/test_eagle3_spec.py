@@ -93,7 +93,7 @@ def test_metrics_show_drafts_proposed_and_accepted(latest_runs, layout):
     )
 
 
-def _config_jobs(k25_model, draft_dirs, tmp, env, load_draft):
+def _config_jobs(k25_model, draft_dirs, tmp, env, load_draft, **engine):
     job = {
         "model": k25_model,
         "drafts": draft_dirs,
@@ -102,6 +102,7 @@ def _config_jobs(k25_model, draft_dirs, tmp, env, load_draft):
             "max_model_len": 512,
             "enforce_eager": True,
             "trust_remote_code": True,
+            **engine,
         },
         "load_draft": load_draft,
     }

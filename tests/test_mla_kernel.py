@@ -26,35 +26,13 @@ if importlib.util.find_spec("triton") is None:
 import torch  # noqa: E402
 
 from vllm_k2_plugin.mla import configs  # noqa: E402
-from vllm_k2_plugin.mla.reference import mla_decode_reference  # noqa: E402
+from vllm_k2_plugin.mla.reference import mismatch, mla_decode_reference, random_case  # noqa: E402
 
 SM_SCALE = 0.1147  # 1/sqrt(192 * 0.4) order, like DeepSeek with YaRN mscale
 
 
 def make_case(heads, seqs, page, q_len, fp8, device="cpu", seed=0, pad_pages=2, page_stride_extra=0):
-    g = torch.Generator().manual_seed(seed)
-    batch = len(seqs)
-    max_pages = max(-(-s // page) for s in seqs) + pad_pages
-    n_pages = batch * max_pages + 3
-    # a page stride larger than PAGE * 576 (cross-layer KV views) when page_stride_extra > 0
-    base = torch.randn(n_pages, page * 576 + page_stride_extra, generator=g)
-    k_scale = None
-    if fp8:
-        store = base.mul(3.0).to(torch.float8_e4m3fn).to(device)
-        k_scale = torch.tensor([0.37], dtype=torch.float32)
-    else:
-        store = base.to(torch.bfloat16).to(device)
-    kv = torch.as_strided(store, (n_pages, page, 576), (store.stride(0), 576, 1))
-    block_table = torch.randperm(n_pages, generator=g)[: batch * max_pages].view(batch, max_pages).to(torch.int32)
-    seq_lens = torch.tensor(seqs, dtype=torch.int32)
-    q = torch.randn(batch * q_len, heads, 576, generator=g).to(torch.bfloat16)
-    return (
-        q.to(device),
-        kv,
-        block_table.to(device),
-        seq_lens.to(device),
-        k_scale.to(device) if k_scale is not None else None,
-    )
+    return random_case(heads, seqs, page, q_len, fp8, device, seed, pad_pages, page_stride_extra)
 
 
 def check(q, kv, bt, sl, k_scale, q_len, splits, tol=1e-2):
@@ -65,16 +43,8 @@ def check(q, kv, bt, sl, k_scale, q_len, splits, tol=1e-2):
     o, got_lse = mla_decode(q, kv, bt, sl, SM_SCALE, q_len=q_len, k_scale=k_scale, num_splits=splits, out=out, lse=lse)
     assert o.data_ptr() == out.data_ptr()
     ro, rl = mla_decode_reference(q, kv, bt, sl, SM_SCALE, q_len=q_len, k_scale=k_scale)
-    o, lse64 = o.double().cpu(), got_lse.double().cpu()
-    assert not torch.isnan(o).any(), "unwritten (NaN) output elements"
-    assert not torch.isnan(lse64).any(), "unwritten (NaN) LSE elements"
-    err = (o - ro).norm() / ro.norm().clamp_min(1e-30)
-    assert err < tol, f"relative error {err:.3e}"
-    finite = torch.isfinite(rl)
-    assert torch.equal(torch.isfinite(lse64), finite), "rows with no visible key must have lse -inf"
-    assert (lse64[finite] - rl[finite]).abs().max() < 1e-3 if finite.any() else True
-    assert (o[~finite] == 0).all(), "rows with no visible key must be 0"
-    return err
+    why = mismatch(o, got_lse, ro, rl, tol)
+    assert why is None, why
 
 
 # (heads, seqs, page, q_len, fp8, splits): contexts 1..~300 across page edges

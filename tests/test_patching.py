@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,21 @@ def test_wrap_check_refusal_installs_nothing(toy):
     reg.apply_all()
     assert p.state is PatchState.FAILED and "does not behave" in p.reason
     assert toy.Engine().speed() == 1
+
+
+def test_readme_patch_table_lists_every_registered_patch():
+    """The README's table is the user's list of what the plugin changes: one row per
+    registered patch, no row for a patch that does not exist."""
+    import re
+
+    import vllm_k2_plugin
+    from vllm_k2_plugin.features import load_feature_patches
+    from vllm_k2_plugin.patching import REGISTRY
+
+    loads = vllm_k2_plugin._LOADS
+    load_feature_patches()
+    assert vllm_k2_plugin._LOADS == loads, "importing the feature modules must not run register()"
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## What the plugin does today", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([a-z0-9.-]+)` \|", section, flags=re.M))
+    assert rows == {p.name for p in REGISTRY}

@@ -10,7 +10,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LOADS = 0  # how many times register() ran in this process (idempotency is tested)
-_REGISTERING = False  # True while register() runs (feature modules imported then must not re-enter)
 
 
 def register() -> None:
@@ -19,7 +18,7 @@ def register() -> None:
     Never breaks vLLM start-up because of the plugin itself; only
     ``VLLM_K2_STRICT=1`` turns a failed patch into a start-up failure.
     """
-    global _LOADS, _REGISTERING
+    global _LOADS
     from .settings import Settings
 
     settings = Settings.from_env()
@@ -29,7 +28,6 @@ def register() -> None:
     from .patching import REGISTRY, StrictModeAbort
     from .patching.registry import logger
 
-    _REGISTERING = True
     try:
         from .features import load_feature_patches
 
@@ -42,7 +40,6 @@ def register() -> None:
             raise StrictModeAbort(f"vllm-k2 (VLLM_K2_STRICT=1): {type(e).__name__}: {e}") from e
         logger.exception("vllm-k2: plugin failed to load; vLLM runs unpatched")
     finally:
-        _REGISTERING = False
         if settings.trace_dir:
             from .trace import write_trace
 

@@ -1,6 +1,7 @@
-"""TRITON_MLA with our decode kernel (vLLM 0.16), registered over the stock entry.
+"""TRITON_MLA with our decode kernel, registered over the stock entry (vLLM 0.16 - 0.31;
+``vllm_adapter`` says what differs per version).
 
-What changes against vLLM 0.16's TritonMLABackend (research §5.3):
+What changes against the stock TritonMLABackend of those versions:
 * the builder declares ``QueryLenSupport.UNIFORM``: an EAGLE-3 verify step (1 + k
   tokens per request, all equal) is a decode, sent to our kernel with causal offsets,
   instead of prefill (which re-reads and up-projects the whole context each step);
@@ -13,6 +14,9 @@ What changes against vLLM 0.16's TritonMLABackend (research §5.3):
   layer's k_scale; the query stays bf16 (no query quantisation);
 * the split count adapts to batch x heads x context and the SM count; the LSE is fp32.
 Prefill (and mixed batches' prefill part) stay on vLLM's path, unchanged.
+
+Safe by default: ``get_impl_cls``/``get_builder_cls`` hand out our classes only when the
+process's start-up self-check (``selfcheck``) passed; otherwise vLLM's stock ones.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from typing import ClassVar
 
 import torch
 
-from . import launcher
-from .vllm_adapter import max_graph_tokens, vllm016
+from . import launcher, selfcheck
+from .vllm_adapter import max_graph_tokens, pieces
 
-_V = vllm016()
+_V = pieces()
 
 
 @dataclass
@@ -52,6 +56,7 @@ class K2TritonMLAMetadataBuilder(_V.MLACommonMetadataBuilder):
         query_start_loc_device,
         num_decode_tokens,
         dcp_tot_seq_lens_device,
+        **version_specific,  # 0.32: max_query_len (vLLM calls with keywords)
     ):
         num_decodes = max(1, query_start_loc_cpu.numel() - 1)
         q_len = max(1, num_decode_tokens // num_decodes)  # uniform: vLLM split the batch so
@@ -157,8 +162,8 @@ class K2TritonMLABackend(_V.TritonMLABackend):
 
     @staticmethod
     def get_impl_cls():
-        return K2TritonMLAImpl
+        return _V.TritonMLAImpl if selfcheck.failure() else K2TritonMLAImpl
 
     @staticmethod
     def get_builder_cls():
-        return K2TritonMLAMetadataBuilder
+        return _V.TritonMLABackend.get_builder_cls() if selfcheck.failure() else K2TritonMLAMetadataBuilder

@@ -218,7 +218,10 @@ def check_d2t(path: str, name: str, s: DraftSummary, tensor=None) -> None:
         raise DraftCheckError(f"{path}: tensor '{name}' maps two draft ids to the same target id")
 
 
-def check_draft(draft_dir: str, target: TargetShape) -> DraftSummary:
+def check_draft(draft_dir: str, target: TargetShape, weights: bool = True) -> DraftSummary:
+    """The drafter's config against the target; its weight files too unless ``weights`` is
+    False (``load_format="dummy"``: vLLM makes up the weights, none need to exist)."""
     summary = summarize(draft_dir, target)
-    check_weights(draft_dir, summary)
+    if weights:
+        check_weights(draft_dir, summary)
     return summary

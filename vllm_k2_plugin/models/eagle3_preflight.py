@@ -25,14 +25,14 @@ def _draft_dir(spec) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-def preflight(spec, target_model_config) -> None:
+def preflight(spec, target_model_config, load_format: str | None = None) -> None:
     if spec is None or getattr(spec, "method", None) != "eagle3":
         return
     draft_dir = _draft_dir(spec)
     if draft_dir is None:  # a hub id not downloaded yet: vLLM resolves it later
         return
     target = TargetShape.from_hf_text_config(target_model_config.hf_text_config)
-    summary = check_draft(draft_dir, target)
+    summary = check_draft(draft_dir, target, weights=str(load_format or "auto") != "dummy")
     hf = spec.draft_model_config.hf_config
     if getattr(hf, "target_hidden_size", None) is None and summary.target_hidden_size != summary.hidden_size:
         hf.target_hidden_size = summary.target_hidden_size
@@ -43,7 +43,7 @@ def preflight(spec, target_model_config) -> None:
 def _wrap(original):
     def create_speculative_config(self, target_model_config, target_parallel_config, *args, **kwargs):
         spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
-        preflight(spec, target_model_config)
+        preflight(spec, target_model_config, getattr(self, "load_format", None))
         return spec
 
     return create_speculative_config

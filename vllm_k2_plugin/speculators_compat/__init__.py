@@ -2,7 +2,8 @@
 
 Use in a data-generation script::
 
-    import vllm_k2_plugin.speculators_compat  # applies the shim (and the plugin's patches)
+    from vllm_k2_plugin.speculators_compat import enable
+    enable()  # applies the shim (and the plugin's other patches), once per process
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     gen = VllmHiddenStatesGenerator(model_path, layer_ids=None, max_model_len=2048)
@@ -19,11 +20,9 @@ format - is speculators' own.
 from __future__ import annotations
 
 
-def _apply() -> None:
+def enable() -> None:
+    """Apply the plugin's patches in this process (vLLM applies them itself only in the
+    processes it starts). Importing this package applies nothing."""
     import vllm_k2_plugin
 
-    if not vllm_k2_plugin._REGISTERING:  # imported by the user, not by register() itself
-        vllm_k2_plugin.register()
-
-
-_apply()
+    vllm_k2_plugin.register()

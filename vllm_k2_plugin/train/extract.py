@@ -114,7 +114,9 @@ def extract(
 
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-    import vllm_k2_plugin.speculators_compat  # noqa: F401 - applies the shim on vLLM 0.16
+    from vllm_k2_plugin.speculators_compat import enable
+
+    enable()  # the shim on vLLM 0.16
 
     gen = VllmHiddenStatesGenerator(
         model,

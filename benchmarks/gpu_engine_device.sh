@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the lent H200 (device tool, repo root, with .gpub/big .gpub/s .gpub/e2e carried): vLLM 0.20
+# from the bundle (../shared/gpu-vllm/README.md) with this package installed into it, then
+# the steps named: pytest (GPU tests of the MLA kernel and backend) and e2e suites
+# (tiny, slice, slice-k; see gpu_engine_e2e.py). Each suite's results come back as one tgz.
+#   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
+set -u
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DGPU_BACKENDS=TRITON_MLA,TRITON_ATTN  # the bundle's plugin: MLA layers TRITON_MLA, others TRITON_ATTN
+OUT=${OUT:-/tmp/out}; WORK=/tmp/e2e-work; mkdir -p "$OUT" "$WORK"
+S0=$SECONDS; BUDGET=${BUDGET:-560}
+bash .gpub/s/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+for step in "$@"; do
+  left=$((BUDGET - (SECONDS - S0)))
+  case $step in
+    pytest)
+      timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_mla_kernel.py tests/test_mla_backend.py 2>&1 | tail -15 ;;
+    *)
+      suite=${step%%:*}; par=${step#*:}; [ "$par" = "$step" ] && par=1
+      echo "== suite $suite (parallel $par, ${left}s left)"
+      python3 benchmarks/gpu_engine_e2e.py run "$suite" --models .gpub/e2e --out "$WORK/$suite" \
+        --parallel "$par" --budget $((left - 15))
+      tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite" ;;
+  esac
+done
+echo "TOTAL $((SECONDS - S0)) s"

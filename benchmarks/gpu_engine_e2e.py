@@ -1,0 +1,875 @@
+"""Our MLA backend and EAGLE-3 inside a real GPU vLLM engine (vLLM 0.20 on the H200).
+
+Every case is one engine in its own process (``case``). ``run`` starts a suite's cases,
+``--parallel`` at a time: engines build side by side (compile, capture) but measure one
+at a time under a file lock, after every engine of the group is ready, so no timing
+shares the GPU or the host with another engine's start-up.
+
+  python benchmarks/gpu_engine_e2e.py prepare DIR                 # here: prompts, drafters' configs
+  python benchmarks/gpu_engine_e2e.py run SUITE --models DIR --out OUT [--parallel N]
+  python benchmarks/gpu_engine_e2e.py report OUT/*.json --out benchmarks/results/gpu_engine_h200
+
+Suites: ``tiny`` (the trained tiny target: stock vs ours, eager vs graphs, EAGLE-3 with the
+trained drafter, n-gram, the self-check fallback) and ``slice`` (a K2.5-sized per-GPU
+slice with dummy weights: decode step times at 4k/32k/128k, plain vs EAGLE-3 k = 1..4).
+Time per step = (t(129 tokens) - t(1 token)) / (steps between them), steps from vLLM's
+own spec-decode counters (one per token without speculation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fcntl
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CONTEXTS = (4096, 32768, 131072)
+GEN = 129  # tokens generated for a timing; the first comes from the prefill
+CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check")
+
+# --------------------------------------------------------------------------- models
+
+
+def slice_config() -> dict:
+    """K2.5's per-GPU share at TP 8 (64 heads / 8, experts' 2048 / 8, vocab 163,840 / 8)."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "intermediate_size": 18432 // 8,
+        "moe_intermediate_size": 2048 // 8,
+        "n_routed_experts": 384,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.827,
+        "vocab_size": 163840 // 8,
+        "max_position_embeddings": 262144,
+        "rope_theta": 50000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 64.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "num_nextn_predict_layers": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def prepare(dest: Path, trained_draft: Path | None) -> None:
+    """Written here (CPU), carried to the device: the slice and its dummy drafter's
+    configs, the trained drafter, held-out code prompts of the trained tiny target."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from vllm_k2_plugin import fileio
+    from vllm_k2_plugin.fixtures import build_fixture
+    from vllm_k2_plugin.fixtures import trained_target as tt
+    from vllm_k2_plugin.train.draft_model import DraftConfig
+    from vllm_k2_plugin.train.export import export_config
+
+    dest.mkdir(parents=True, exist_ok=True)
+    cfg = slice_config()
+    fileio.write_json(str(dest / "slice" / "config.json"), cfg)
+    n = cfg["num_hidden_layers"]
+    draft = DraftConfig(
+        hidden_size=7168,
+        target_hidden_size=7168,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=18432 // 8,
+        draft_vocab_size=16384,  # <= the slice's vocab: dummy weights leave d2t at zero
+        vocab_size=cfg["vocab_size"],
+        aux_layer_ids=[2, n // 2, n - 3],
+        max_position_embeddings=cfg["max_position_embeddings"],
+    )
+    fileio.write_json(
+        str(dest / "slice-draft" / "config.json"),
+        export_config("legacy", draft, str(dest / "slice"), "bfloat16", k=3),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = AutoTokenizer.from_pretrained(build_fixture("trained-text", tmp))
+    held = [f for f in tt.stdlib_files() if tt.is_heldout(f)]
+    chats = tt.code_chats(held)
+    random.Random(0).shuffle(chats)
+    prompts = [tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False) for chat in chats[:12]]
+    fileio.write_json(str(dest / "prompts.json"), prompts)
+    if trained_draft is not None:  # the training pipeline's export (its weights and config)
+        shutil.copytree(trained_draft, dest / "draft", dirs_exist_ok=True)
+
+
+# --------------------------------------------------------------------------- worker-side probes
+# Sent to the engine's worker by collective_rpc (cloudpickle): each gets the worker first.
+
+
+def _install_counters(worker) -> str:
+    """Count, per attention-metadata build, prefill batches and decode batches by query
+    length, and Python-level calls of the MLA prefill path (forward_mha)."""
+    import collections
+
+    from vllm.model_executor.layers.attention import mla_attention as m
+
+    stats = m.__dict__.setdefault("_k2_e2e_stats", collections.Counter())
+    if not getattr(m.MLACommonMetadataBuilder.build, "_k2_counted", False):
+        build = m.MLACommonMetadataBuilder.build
+
+        def counted_build(self, *a, **kw):
+            md = build(self, *a, **kw)
+            if getattr(md, "num_prefills", 0):
+                stats["prefill_batches"] += 1
+            if getattr(md, "decode", None) is not None and md.num_decodes:
+                stats[f"decode_batches_q{md.num_decode_tokens // md.num_decodes}"] += 1
+            return md
+
+        counted_build._k2_counted = True
+        m.MLACommonMetadataBuilder.build = counted_build
+        mha = m.MLACommonImpl.forward_mha
+
+        def counted_mha(self, *a, **kw):
+            stats["forward_mha_calls"] += 1
+            return mha(self, *a, **kw)
+
+        m.MLACommonImpl.forward_mha = counted_mha
+    impls = sorted({type(mod.impl).__name__ for mod in worker.model_runner.model.modules() if hasattr(mod, "impl")})
+    return ",".join(impls)
+
+
+def _read_counters(worker, reset: bool) -> dict:
+    from vllm.model_executor.layers.attention import mla_attention as m
+
+    stats = m.__dict__.get("_k2_e2e_stats", {})
+    out = dict(stats)
+    if reset:
+        stats.clear()
+    return out
+
+
+def _routers(model):
+    return [mod for name, mod in model.named_modules() if name.endswith("mlp.gate") and hasattr(mod, "weight")]
+
+
+def _experts_per_verify(worker, k: int, spread: bool, seed: int = 0) -> dict:
+    """Distinct routed experts that k+1 consecutive tokens pick in the first MoE layer,
+    ESTIMATED from the tokens' embeddings through that layer's norm and router (attention's
+    contribution ignored); ``spread`` first redraws every router's weight at a scale that
+    makes its logits ~N(0, 1), so routing spreads over all experts."""
+    import torch
+
+    model = worker.model_runner.model
+    gates = _routers(model)
+    layer = next(mod for name, mod in model.named_modules() if name.endswith("layers.1"))
+    embed = model.model.embed_tokens.weight
+    g = torch.Generator(device=embed.device).manual_seed(seed)
+    ids = torch.randint(0, embed.shape[0], (256,), generator=g, device=embed.device)
+    x = embed[ids].float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * layer.post_attention_layernorm.weight.float()
+    if spread:
+        for gate in gates:
+            if gate.weight.numel() == 0:
+                continue
+            w = torch.randn(gate.weight.shape, generator=g, device=gate.weight.device, dtype=torch.float32)
+            scale = 1.0 / float((x @ w.T).std())
+            gate.weight.data.copy_((w * scale).to(gate.weight.dtype))
+    gate = gates[0]
+    if gate.weight.numel() == 0:  # vLLM-CPU repacks the router: nothing to read
+        return {"tokens": k + 1, "error": "router weight not materialised on this platform"}
+    top_k = min(8, gate.weight.shape[0])
+    bias = getattr(gate, "e_score_correction_bias", None)
+    scores = torch.sigmoid(x @ gate.weight.float().T)
+    scores = scores + (bias.float() if bias is not None else 0)
+    top = scores.topk(top_k, dim=-1).indices  # [256, top_k]
+    groups = top[: (256 // (k + 1)) * (k + 1)].reshape(-1, (k + 1) * top_k)
+    distinct = [len(set(row.tolist())) for row in groups]
+    return {"tokens": k + 1, "mean_distinct_experts": sum(distinct) / len(distinct), "routers": len(gates)}
+
+
+# --------------------------------------------------------------------------- one engine
+
+
+def _spec_counts(llm) -> dict:
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            out["drafts"] = m.value
+        elif m.name == "vllm:spec_decode_num_draft_tokens":
+            out["draft_tokens"] = m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            out["accepted"] = m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["per_pos"] = list(m.values)
+    return out
+
+
+def _delta(a: dict, b: dict) -> dict:
+    per_pos = [y - x for x, y in zip(a["per_pos"] or [0] * len(b["per_pos"]), b["per_pos"], strict=False)]
+    return {k: b[k] - a[k] for k in ("drafts", "draft_tokens", "accepted")} | {"per_pos": per_pos}
+
+
+class GpuTurn:
+    """Wait until every engine of the group is ready (or gone), then hold the GPU lock."""
+
+    def __init__(self, name: str):
+        self.name, self.dir = name, os.environ.get("E2E_GROUP_DIR")
+
+    def __enter__(self):
+        if not self.dir:
+            return self
+        Path(self.dir, f"{self.name}.ready").touch()
+        size = int(os.environ["E2E_GROUP_SIZE"])
+        while (
+            len({p.stem for p in Path(self.dir).glob("*.ready")} | {p.stem for p in Path(self.dir).glob("*.exit")})
+            < size
+        ):
+            time.sleep(0.5)
+        self.lock = open(Path(self.dir, "gpu.lock"), "w")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.dir:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+            self.lock.close()
+
+
+def run_case(case: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    spec = case.get("spec")
+    speculative_config = None
+    if spec and spec["method"] == "eagle3":
+        speculative_config = {"method": "eagle3", "model": spec["model"], "num_speculative_tokens": spec["k"]}
+    elif spec and spec["method"] == "ngram":
+        speculative_config = {
+            "method": "ngram",
+            "num_speculative_tokens": spec["k"],
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    dummy = case.get("dummy", False)
+    t0 = time.time()
+    llm = LLM(
+        model=case["model"],
+        dtype="bfloat16",
+        max_model_len=case["max_model_len"],
+        enforce_eager=not case["graphs"],
+        compilation_config={"backend": "eager"} if case["graphs"] else None,
+        max_num_seqs=4,
+        gpu_memory_utilization=case["gpu_memory_utilization"],
+        kv_cache_memory_bytes=case["kv_cache_bytes"],
+        speculative_config=speculative_config,
+        load_format="dummy" if dummy else "auto",
+        skip_tokenizer_init=dummy,
+        enable_prefix_caching=True,
+        seed=0,
+        disable_log_stats=False,
+        **case.get("llm_kwargs", {}),
+    )
+    result = {"case": case, "init_s": round(time.time() - t0, 1)}
+    result["impls"] = llm.collective_rpc(_install_counters)[0]
+    if dummy:
+        k = spec["k"] if spec else 3
+        result["experts_dummy_router"] = llm.collective_rpc(_experts_per_verify, args=(k, False))[0]
+        if case.get("routing") == "spread":
+            result["experts_spread_router"] = llm.collective_rpc(_experts_per_verify, args=(k, True))[0]
+    sp = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=not dummy)  # noqa: E731
+
+    def timed(prompt, n):
+        before = _spec_counts(llm)
+        t = time.perf_counter()
+        out = llm.generate([prompt], sp(n), use_tqdm=False)[0].outputs[0]
+        dt = time.perf_counter() - t
+        d = _delta(before, _spec_counts(llm))
+        return dt, d, list(out.token_ids)
+
+    with GpuTurn(case["name"]):
+        if case["task"] == "greedy":
+            prompts = json.loads(Path(case["prompts"]).read_text())
+            llm.collective_rpc(_read_counters, args=(True,))
+            outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=2))
+            result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+            # top-2 logprob margin per generated token: explains a divergence between backends
+            result["margins"] = [
+                [round(lp[t].logprob - max((v.logprob for i, v in lp.items() if i != t), default=-1e9), 4)
+                 for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
+                for o in outs
+            ]  # fmt: skip
+            result["text0"] = outs[0].outputs[0].text[:160]
+            result["counters_greedy"] = llm.collective_rpc(_read_counters, args=(True,))[0]
+            # single stream: 1 warm-up, then best of 3, 256 tokens of the first prompt
+            timed(prompts[0], 256)
+            runs = [timed(prompts[0], 256) for _ in range(3)]
+            best = min(runs, key=lambda r: r[0])
+            result["single_stream"] = {
+                "tokens": len(best[2]),
+                "s": round(best[0], 4),
+                "tok_s": round(len(best[2]) / best[0], 1),
+            }
+            result["spec"] = best[1]
+            result["counters_single_stream"] = llm.collective_rpc(_read_counters, args=(True,))[0]
+        elif case["task"] == "steps":
+            rng = random.Random(0)
+            vocab = case["vocab"]
+            result["contexts"] = {}
+            for ctx in case["contexts"]:
+                ids = [rng.randrange(100, vocab - 100) for _ in range(ctx - GEN - 8)]
+                prompt = {"prompt_token_ids": ids}
+                timed(prompt, 1)  # prefill into the prefix cache
+                llm.collective_rpc(_read_counters, args=(True,))
+                best = None
+                for _ in range(2):
+                    t1, d1, _ = timed(prompt, 1)
+                    tn, dn, toks = timed(prompt, GEN)
+                    steps = (dn["drafts"] - d1["drafts"]) if spec else (len(toks) - 1)
+                    step_ms = 1000 * (tn - t1) / max(steps, 1)
+                    if best is None or step_ms < best["step_ms"]:
+                        best = {"step_ms": round(step_ms, 3), "steps": steps, "tokens": len(toks) - 1,
+                                "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3), "spec": dn}  # fmt: skip
+                best["counters"] = llm.collective_rpc(_read_counters, args=(True,))[0]
+                result["contexts"][str(ctx)] = best
+        elif case["task"] == "profile":  # in-process engine (case_env): the profiler sees its kernels
+            ctx = case["contexts"][0]
+            rng = random.Random(0)
+            prompt = {"prompt_token_ids": [rng.randrange(100, case["vocab"] - 100) for _ in range(ctx - GEN - 8)]}
+            timed(prompt, 1)
+            timed(prompt, GEN)  # warm
+            result["profile"] = profile_steps(lambda: timed(prompt, GEN))
+    return result
+
+
+def profile_steps(run) -> dict:
+    """Wall time vs GPU-busy time per engine step (torch.profiler; the union of kernel
+    intervals, so overlapping kernels count once), kernels per step, the top kernels."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall, spec, toks = run()
+    steps = spec["drafts"] or (len(toks) - 1)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    per_name = collections.Counter()
+    for e in kernels:
+        per_name[e.name[:80]] += e.time_range.end - e.time_range.start
+    return {
+        "steps": steps,
+        "wall_ms_per_step": round(1000 * wall / steps, 3),
+        "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "top_kernels_ms_per_step": {k: round(v / 1000 / steps, 3) for k, v in per_name.most_common(12)},
+    }
+
+
+# --------------------------------------------------------------------------- report
+#: The users' rig, as they measured it: 8x RTX PRO 6000 over PCIe, single stream.
+RIG_TOK_S = 82.5
+RIG_ALLREDUCE_SHARE = 0.515  # of the decode step, latency-bound: ~constant per step
+
+
+def tau(per_pos: list[float], k: int) -> float:
+    """Tokens per step with k drafts: 1 + sum over j <= k of P(first j accepted)."""
+    return 1.0 + sum(per_pos[:k])
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def compare_greedy(a: dict, b: dict) -> dict:
+    """Prompts whose greedy tokens agree; for the others, where they part and the top-1 vs
+    top-2 logprob margin there in each run (a near-zero margin: a bf16 tie, not a bug)."""
+    parts = []
+    for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+        d = _first_divergence(x, y)
+        if d is not None:
+            parts.append({"prompt": i, "token": d, "margins": [a["margins"][i][d], b["margins"][i][d]]})
+    return {"identical": len(a["tokens"]) - len(parts), "prompts": len(a["tokens"]), "divergences": parts}
+
+
+def graph_modes(r: dict) -> str:
+    """What vLLM's log says about CUDA graphs: the modes it captured, and any downgrade."""
+    import re
+
+    caps = sorted({m for ln in r.get("log_lines", []) for m in re.findall(r"Capturing CUDA graphs \(([^)]*)\)", ln)})
+    down = sorted({m for ln in r.get("log_lines", []) for m in re.findall(r"setting cudagraph_mode=(\w+)", ln)})
+    out = ", ".join(caps) if caps else "none (eager)"
+    return out + (f"; downgraded to {down[0]}" if down else "")
+
+
+def _step_ms(r: dict) -> float:
+    """Single stream: seconds per engine step (per token without speculation)."""
+    steps = r["spec"]["drafts"] or r["single_stream"]["tokens"]
+    return round(1000 * r["single_stream"]["s"] / steps, 2)
+
+
+def _fmt_div(c: dict) -> str:
+    s = f"{c['identical']}/{c['prompts']}"
+    if c["divergences"]:
+        s += (
+            " (prompt:token margins "
+            + ", ".join(f"{d['prompt']}:{d['token']} {d['margins'][0]}/{d['margins'][1]}" for d in c["divergences"])
+            + ")"
+        )
+    return s
+
+
+GREEDY_PAIRS = [
+    ("tiny-stock-eager", "tiny-ours-eager"),
+    ("tiny-stock-graphs", "tiny-ours-graphs"),
+    ("tiny-ours-eager", "tiny-ours-graphs"),
+    ("tiny-stock-eager", "tiny-stock-graphs"),
+    ("tiny-ours-graphs", "tiny-ours-eagle3-k3"),
+    ("tiny-stock-graphs", "tiny-stock-eagle3-k3"),
+    ("tiny-ours-graphs", "tiny-ours-ngram-k3"),
+    ("tiny-stock-graphs", "tiny-ours-fault-smem"),
+    ("gguf-dequantized-reference", "gguf-q4k-experts-kept"),
+]
+
+
+def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, command: str = "") -> dict:
+    """Tables from the cases' raw JSON (written by ``case``) into out/README.md + summary.json."""
+    runs = {}
+    files = [f for p in raw_paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    for p in files:
+        if p.name.endswith(".case.json"):  # a case's input, not its result
+            continue
+        r = json.loads(p.read_text())
+        runs[r["case"]["name"]] = r
+    dates = sorted(r["date"] for r in runs.values())
+    L = [
+        "# vLLM 0.20 GPU engine on the H200: our MLA backend and EAGLE-3",
+        "",
+        f"Written by `python benchmarks/gpu_engine_e2e.py report` from `raw/` (one file per case, written by "
+        f"the case that measured it, command and date inside; cases ran {dates[0]} .. {dates[-1]}). "
+        "Every case is its own engine: vLLM 0.20.0 from the bundle, bf16, `max_num_seqs=4`, CUDA graphs with "
+        "`compilation_config={'backend': 'eager'}` (Dynamo + vLLM's piecewise/full graphs, no Inductor, to keep "
+        "engine starts short), engines of a group built side by side and measured one at a time. "
+        "'stock' = `VLLM_K2_DISABLE_PATCHES=triton-mla-k2-decode`.",
+        "",
+    ]
+    summary: dict = {"cases": sorted(runs), "greedy": {}}
+    for a, b in GREEDY_PAIRS:
+        if a in runs and b in runs:
+            summary["greedy"][f"{a} vs {b}"] = compare_greedy(runs[a], runs[b])
+    tiny = {n: r for n, r in runs.items() if n.startswith("tiny-")}
+    if tiny:
+        L += ["## Trained tiny target (8 layers, hidden 256, 4 MLA heads, vocab 1024)", "",
+              "Single stream, 256 tokens of held-out prompt 0 (best of 3); counters over those 4 x 256 tokens: "
+              "attention-metadata builds (decode batches by query length; prefill batches) and Python calls of "
+              "the MLA prefill path (`forward_mha`, per layer).", "",
+              "| case | impl | CUDA graphs (vLLM's log) | tok/s | ms/step | decode batches | prefill batches | forward_mha |",  # noqa: E501
+              "|---|---|---|---:|---:|---|---:|---:|"]  # fmt: skip
+        for n, r in sorted(tiny.items()):
+            c = r.get("counters_single_stream", {})
+            dec = ", ".join(f"q{k.rsplit('_q', 1)[1]}: {v}" for k, v in sorted(c.items()) if k.startswith("decode"))
+            L.append(f"| {n} | {r['impls']} | {graph_modes(r)} | {r['single_stream']['tok_s']} | {_step_ms(r)} | "
+                     f"{dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |")  # fmt: skip
+        L += ["", "### Greedy tokens, 12 held-out prompts x 64 tokens (batched)", "",
+              "| runs compared | prompts identical (divergences: prompt:token, top-1 margin in each run) |",
+              "|---|---|"]  # fmt: skip
+        L += [f"| {k} | {_fmt_div(v)} |" for k, v in summary["greedy"].items() if k.startswith("tiny")]
+        L.append("")
+        fault = tiny.get("tiny-ours-fault-smem")
+        if fault:
+            line = next((ln for ln in fault.get("log_lines", []) if "check failed" in ln), "")
+            L += ["Self-check fallback on the GPU (`tests/mla_faults.py`, `MLA_FAULT=smem`: a variant needing "
+                  f"more shared memory than the H200 has): impl {fault['impls']}, log: "
+                  f"`...{line.strip()}`", ""]  # fmt: skip
+        plain = tiny.get("tiny-ours-graphs")
+        spec_rows = []
+        for n in ("tiny-stock-eagle3-k3", "tiny-ours-eagle3-k3", "tiny-ours-ngram-k3"):
+            r = tiny.get(n)
+            if not r or not plain:
+                continue
+            sp = r["spec"]
+            v = {
+                "tok_s": r["single_stream"]["tok_s"],
+                "ms_per_step": _step_ms(r),
+                "vs_plain_ours_graphs": round(r["single_stream"]["tok_s"] / plain["single_stream"]["tok_s"], 3),
+                "acceptance_per_position": [round(x / sp["drafts"], 3) for x in sp["per_pos"]] if sp["drafts"] else [],
+                "tau": round(1 + sp["accepted"] / max(sp["drafts"], 1), 3),
+            }
+            summary[n] = v
+            spec_rows.append(f"| {n} | {v['tok_s']} | {v['ms_per_step']} | {v['vs_plain_ours_graphs']} | {v['tau']} | "
+                             f"{v['acceptance_per_position']} |")  # fmt: skip
+        if spec_rows:
+            L += ["### Speculation with the tiny pair (single stream, CUDA graphs)", "",
+                  "The pair is tiny: a plain step is ~1.5 ms with full graphs, so these ratios measure vLLM 0.20's "
+                  "per-step cost of speculation on this host, not K2.5's.", "",
+                  f"| case | tok/s | ms/step | x plain (ours, graphs: {plain['single_stream']['tok_s']} tok/s) | tau | "
+                  "acceptance per position |", "|---|---:|---:|---:|---:|---|"] + spec_rows + [""]  # fmt: skip
+    sl = {n: r for n, r in runs.items() if n.startswith("slice-")}
+    ratios: dict = {}
+    ctxs: list[int] = []
+    if sl:
+        ctxs = sorted({int(c) for r in sl.values() for c in r.get("contexts", {})})
+        head = " | ".join(f"{c // 1024}k" for c in ctxs)
+        L += ["## K2.5-sized per-GPU slice (dummy weights, 12 layers, single stream, CUDA graphs)", "",
+              "hidden 7168, 8 MLA heads, q_lora 1536, kv_lora 512, rope 64, nope/v 128, 384 experts x 256 (8 active, "
+              "1 shared), layer 0 dense, vocab 20,480; EAGLE-3 drafter: K2.5's draft layer sharded 8 ways, draft vocab "
+              "16,384, dummy weights (no draft is accepted: tokens/step 1.0). Step = (t(129 tokens) - t(1 token)) / "
+              "steps, best of 2; prompts are random token ids served from the prefix cache.", "",
+              f"| case | impl | CUDA graphs | {head} |", "|---|---|---|" + "---:|" * len(ctxs)]  # fmt: skip
+        step = {n: {int(c): v["step_ms"] for c, v in r["contexts"].items()} for n, r in sl.items()}
+        for n, r in sorted(sl.items()):
+            L.append(
+                f"| {n} | {r['impls']} | {graph_modes(r)} | "
+                + " | ".join(str(step[n].get(c, "-")) for c in ctxs)
+                + " |"
+            )
+        L += ["", "Ratios (same runs):", "", f"| ratio | {head} |", "|---|" + "---:|" * len(ctxs)]
+
+        def ratio_row(label, num, den):
+            if num in step and den in step:
+                vals = {c: round(step[num][c] / step[den][c], 3) for c in ctxs if c in step[num] and c in step[den]}
+                ratios[label] = vals
+                L.append(f"| {label} | " + " | ".join(str(vals.get(c, "-")) for c in ctxs) + " |")
+
+        ratio_row("plain: stock / ours (speed-up of ours)", "slice-stock-plain", "slice-ours-plain")
+        ratio_row("EAGLE-3 k=3 step: stock / ours", "slice-stock-eagle3-k3", "slice-ours-eagle3-k3")
+        ratio_row("t_spec(3) / t_plain, stock", "slice-stock-eagle3-k3", "slice-stock-plain")
+        for k in (1, 2, 3, 4):
+            ratio_row(f"t_spec({k}) / t_plain, ours", f"slice-ours-eagle3-k{k}", "slice-ours-plain")
+        ratio_row("t_spec(3) / t_plain, ours, spread routing", "slice-ours-eagle3-k3-spread", "slice-ours-plain-spread")
+        summary["slice_step_ms"], summary["slice_ratios"] = step, ratios
+        L += ["", "Attention path during the timed generations (per context, 2 x (1 + 129 tokens); the 4 prefill "
+              "batches are the prompts' uncached tails):", "",
+              "| case | decode batches (by query length) | prefill batches | forward_mha calls |", "|---|---|---:|---:|"]  # fmt: skip  # noqa: E501
+        for n, r in sorted(sl.items()):
+            c = next(iter(r["contexts"].values())).get("counters", {})
+            same = all(v.get("counters") == c for v in r["contexts"].values())
+            dec = ", ".join(f"q{k.rsplit('_q', 1)[1]}: {v}" for k, v in sorted(c.items()) if k.startswith("decode"))
+            L.append(f"| {n} | {dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |"
+                     + ("" if same else " (differs by context)"))  # fmt: skip
+        ex = {}
+        for _n, r in sorted(sl.items()):
+            for key in ("experts_dummy_router", "experts_spread_router"):
+                e = r.get(key)
+                if e and "mean_distinct_experts" in e:
+                    ex[(key, e["tokens"])] = round(e["mean_distinct_experts"], 1)
+        if ex:
+            summary["experts_per_verify_estimate"] = {f"{k[0]} {k[1]} tokens": v for k, v in ex.items()}
+            L += ["", "Distinct routed experts a verify step touches (k+1 tokens x top-8), ESTIMATED: 256 random "
+                  "tokens' embeddings through layer 1's norm and router, attention ignored: "
+                  + "; ".join(f"{'dummy' if 'dummy' in k[0] else 'spread'} router, {k[1]} tokens: {v}"
+                              for k, v in sorted(ex.items())), ""]  # fmt: skip
+    prof = {n: r["profile"] for n, r in runs.items() if "profile" in r}
+    if prof:
+        summary["profile"] = prof
+        L += ["## Where a step's time goes (slice, 4k, ours, in-process engine under torch.profiler)", "",
+              "GPU busy = the union of kernel intervals (CUPTI sees kernels inside CUDA graphs too); the profiler "
+              "itself slows the host side, so wall times here are above the unprofiled ones above.", "",
+              "| case | wall ms/step | GPU busy ms/step | kernels/step | top kernels (ms/step) |", "|---|---:|---:|---:|---|"]  # fmt: skip  # noqa: E501
+        for n, v in sorted(prof.items()):
+            top = ", ".join(f"{k.split('(')[0][:40]} {t}" for k, t in list(v["top_kernels_ms_per_step"].items())[:6])
+            L.append(
+                f"| {n} | {v['wall_ms_per_step']} | {v['gpu_busy_ms_per_step']} | {v['kernels_per_step']} | {top} |"
+            )
+        L.append("")
+    gg = summary["greedy"].get("gguf-dequantized-reference vs gguf-q4k-experts-kept")
+    if gg:
+        a, b = runs["gguf-dequantized-reference"], runs["gguf-q4k-experts-kept"]
+        L += ["## GGUF on the GPU engine (trained tiny target)", "",
+              "`q4k.gguf`: experts' gate/up Q4_K and down Q8_0 **kept quantized** (vLLM's GGUF kernels), attention "
+              "Q8_0 force-dequantized (`force_dequant: [\"blk.*.attn_*\"]`), shared experts Q8_0; the reference is a "
+              "safetensors checkpoint of gguf-py's dequantization of the same file.", "",
+              f"- greedy tokens: {_fmt_div(gg)}",
+              f"- single stream: GGUF {b['single_stream']['tok_s']} tok/s, reference {a['single_stream']['tok_s']} tok/s "  # noqa: E501
+              f"(impl {b['impls']}, CUDA graphs {graph_modes(b)})", ""]  # fmt: skip
+    if acceptance is not None and acceptance.exists() and ratios:
+        per_pos = json.loads(acceptance.read_text())["per_position_acceptance"]
+        L += ["## Modelled EAGLE-3 speed-ups (MODELLED from the measurements above, not measured)", "",
+              f"tau(k) = 1 + sum of the trained tiny pair's per-position acceptance {[round(x, 3) for x in per_pos]} "
+              "(offline eval over every position, `trained_pair_eval.json`); single GPU = tau(k) x t_plain / t_spec(k), "  # noqa: E501
+              f"both from the slice (ours); users' rig = tau(k) / ({RIG_ALLREDUCE_SHARE} + {1 - RIG_ALLREDUCE_SHARE:.3f} x "  # noqa: E501
+              f"t_spec(k)/t_plain): their {RIG_TOK_S} tok/s step has {RIG_ALLREDUCE_SHARE:.1%} AllReduce, latency-bound, "  # noqa: E501
+              "taken as constant per step; the rest scales like the slice's step.", "",
+              "| k | tau(k) | " + " | ".join(f"single GPU {c // 1024}k" for c in ctxs) + " | "
+              + " | ".join(f"rig {c // 1024}k" for c in ctxs) + " |", "|---:|---:|" + "---:|" * (2 * len(ctxs))]  # fmt: skip  # noqa: E501
+        model = {}
+        for k in (1, 2, 3, 4):
+            r = ratios.get(f"t_spec({k}) / t_plain, ours")
+            if not r:
+                continue
+            t = tau(per_pos, k)
+            gpu = {c: round(t / r[c], 3) for c in r}
+            rig = {c: round(t / (RIG_ALLREDUCE_SHARE + (1 - RIG_ALLREDUCE_SHARE) * r[c]), 3) for c in r}
+            model[k] = {"tau": round(t, 3), "single_gpu": gpu, "rig": rig}
+            L.append(f"| {k} | {t:.3f} | " + " | ".join(str(gpu.get(c, "-")) for c in ctxs) + " | "
+                     + " | ".join(str(rig.get(c, "-")) for c in ctxs) + " |")  # fmt: skip
+        best = {
+            w: {c: max(model, key=lambda k, w=w, c=c: model[k][w].get(c, 0)) for c in ctxs}
+            for w in ("single_gpu", "rig")
+        }
+        summary["modelled"], summary["best_k"] = model, best
+        L += ["", "Best k (modelled): " + "; ".join(f"{w}: " + ", ".join(f"{c // 1024}k -> k={k}" for c, k in b.items())
+                                                   for w, b in best.items()), ""]  # fmt: skip
+    if command:
+        L += [f"Report command: `{command}`"]
+    out.mkdir(parents=True, exist_ok=True)
+    from vllm_k2_plugin import fileio
+
+    fileio.write_file(str(out / "README.md"), lambda t: Path(t).write_text("\n".join(L) + "\n"))
+    fileio.write_json(str(out / "summary.json"), summary)
+    return summary
+
+
+# --------------------------------------------------------------------------- suites
+
+
+def suite(name: str, models: Path) -> list[dict]:
+    tiny = {"model": str(models / "target"), "max_model_len": 2048, "gpu_memory_utilization": 0.06,
+            "kv_cache_bytes": 1 << 30, "task": "greedy", "prompts": str(models / "prompts.json")}  # fmt: skip
+    if name == "tiny":
+        cases = []
+        for backend in ("stock", "ours"):
+            for graphs in (False, True):
+                cases.append({**tiny, "name": f"tiny-{backend}-{'graphs' if graphs else 'eager'}",
+                              "backend": backend, "graphs": graphs})  # fmt: skip
+        draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
+        for backend in ("stock", "ours"):
+            cases.append(
+                {**tiny, "name": f"tiny-{backend}-eagle3-k3", "backend": backend, "graphs": True, "spec": draft}
+            )
+        cases.append({**tiny, "name": "tiny-ours-ngram-k3", "backend": "ours", "graphs": True,
+                      "spec": {"method": "ngram", "k": 3}})  # fmt: skip
+        cases.append({**tiny, "name": "tiny-ours-fault-smem", "backend": "ours", "graphs": True, "fault": "smem"})
+        return cases
+    if name in ("slice", "slice-k"):
+        base = {"model": str(models / "slice"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.45,
+                "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True,
+                "contexts": list(CONTEXTS), "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        draft = lambda k: {"method": "eagle3", "model": str(models / "slice-draft"), "k": k}  # noqa: E731
+        if name == "slice":
+            return [
+                {**base, "name": "slice-stock-plain", "backend": "stock"},
+                {**base, "name": "slice-ours-plain", "backend": "ours"},
+                {**base, "name": "slice-stock-eagle3-k3", "backend": "stock", "spec": draft(3)},
+                {**base, "name": "slice-ours-eagle3-k3", "backend": "ours", "spec": draft(3), "routing": "dummy"},
+            ]
+        return [
+            {**base, "name": f"slice-ours-eagle3-k{k}", "backend": "ours", "spec": draft(k)} for k in (1, 2, 4)
+        ] + [{**base, "name": "slice-ours-eagle3-k3-spread", "backend": "ours", "spec": draft(3), "routing": "spread"},
+             {**base, "name": "slice-ours-plain-spread", "backend": "ours", "routing": "spread"}]  # fmt: skip
+    if name == "gguf":  # the README's GGUF path: experts kept quantized, attention force-dequantized
+        g = {**tiny, "graphs": True, "backend": "ours"}
+        target = str(models / "target")
+        kept = {"tokenizer": target, "hf_config_path": target,
+                "model_loader_extra_config": {"force_dequant": ["blk.*.attn_*"]}}  # fmt: skip
+        return [
+            {**g, "name": "gguf-q4k-experts-kept", "model": str(models / "gguf" / "q4k.gguf"), "llm_kwargs": kept},
+            {**g, "name": "gguf-dequantized-reference", "model": str(models / "gguf" / "reference")},
+        ]
+    if name == "profile":  # where a step's time goes: 4k, ours, plain vs EAGLE-3 k=3
+        base = {"model": str(models / "slice"), "max_model_len": 8192, "gpu_memory_utilization": 0.45,
+                "kv_cache_bytes": 2 << 30, "task": "profile", "dummy": True, "graphs": True, "backend": "ours",
+                "contexts": [4096], "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        return [
+            {**base, "name": "profile-ours-plain"},
+            {
+                **base,
+                "name": "profile-ours-eagle3-k3",
+                "spec": {"method": "eagle3", "model": str(models / "slice-draft"), "k": 3},
+            },
+        ]
+    raise SystemExit(f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile")
+
+
+#: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
+#: of 256, so only the experts' gate/up are Q4_K; everything else quantized is Q8_0.
+GGUF_TYPES = {  # first match wins
+    "*norm*": "F32",
+    "blk.*.ffn_gate_exps.weight": "Q4_K",
+    "blk.*.ffn_up_exps.weight": "Q4_K",
+    "blk.*.ffn_down_exps.weight": "Q8_0",
+    "blk.*.ffn_*_shexp.weight": "Q8_0",
+    "blk.*.attn_*.weight": "Q8_0",
+    "blk.0.ffn_*.weight": "F16",
+    "output.weight": "Q8_0",
+    "token_embd.weight": "F16",
+}
+
+
+def write_gguf_pair(target: Path, dest: Path) -> None:
+    """The target as a llama.cpp-style GGUF, and a safetensors checkpoint of gguf-py's
+    dequantization of that same GGUF (the oracle for greedy tokens)."""
+    import shutil
+    from collections import Counter
+
+    import torch
+    from safetensors.torch import save_file
+
+    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
+    from vllm_k2_plugin.gguf.loader import Options, iter_weights, make_plan
+    from vllm_k2_plugin.gguf.names import deepseek2_name_map
+
+    dest.mkdir(parents=True, exist_ok=True)
+    gguf = write_gguf(str(target), str(dest / "q4k.gguf"), types=GGUF_TYPES)
+    text = type("TextConfig", (), json.loads((target / "config.json").read_text()))
+    plan = make_plan(gguf, deepseek2_name_map(text), Options(force=["*"]), on_cpu=True)
+    ref = dest / "reference"
+    shutil.copytree(target, ref, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors*"))
+    tensors = {k: v.clone() for k, v in iter_weights(plan, torch.float32, Counter())}
+    save_file(tensors, str(ref / "model.safetensors"))
+
+
+def case_env(case: dict, group_dir: str, size: int) -> dict:
+    env = dict(os.environ, E2E_GROUP_DIR=group_dir, E2E_GROUP_SIZE=str(size), VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if case["backend"] == "stock":
+        env["VLLM_K2_DISABLE_PATCHES"] = "triton-mla-k2-decode"
+    if case["task"] == "profile":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if case.get("fault"):
+        env.update(VLLM_K2_EXTRA_PATCH_MODULES="tests.mla_faults", MLA_FAULT=case["fault"])
+    return env
+
+
+def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if name in ("tiny", "gguf"):
+        from vllm_k2_plugin.fixtures import build_fixture
+
+        build_fixture("trained-text", str(models / "target"))
+    if name == "gguf":
+        write_gguf_pair(models / "target", models / "gguf")
+    cases = [c for c in suite(name, models) if not only or c["name"] in only]
+    t_start = time.time()
+    for g in range(0, len(cases), parallel):
+        group = cases[g : g + parallel]
+        left = budget_s - (time.time() - t_start)
+        if left < 60:
+            print(f"SKIP (budget) {[c['name'] for c in group]}", flush=True)
+            continue
+        gdir = out / f".group{g}"
+        gdir.mkdir(exist_ok=True)
+        procs = []
+        for case in group:
+            (out / f"{case['name']}.case.json").write_text(json.dumps(case))
+            log = open(out / f"{case['name']}.log", "w")
+            cmd = [
+                sys.executable,
+                __file__,
+                "case",
+                str(out / f"{case['name']}.case.json"),
+                str(out / f"{case['name']}.json"),
+            ]
+            env = case_env(case, str(gdir), len(group))
+            # own session: the engine core child is killed with it (cases exit without teardown)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append((case, proc, log))
+        deadline = time.time() + left
+        pending = list(procs)
+        while pending:  # poll all: a peer that died must release the others' barrier at once
+            for item in list(pending):
+                if item[1].poll() is not None or time.time() > deadline:
+                    _finish(*item, gdir, out)
+                    pending.remove(item)
+            time.sleep(0.5)
+        time.sleep(3)  # let the driver hand the killed engines' memory back
+
+
+def _finish(case: dict, p: subprocess.Popen, log, gdir: Path, out: Path) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    try:
+        os.killpg(p.pid, 9)  # the engine core child, if any is left
+    except ProcessLookupError:
+        pass
+    Path(gdir, f"{case['name']}.exit").touch()
+    log.close()
+    text = (out / f"{case['name']}.log").read_text(errors="replace")
+    lines = sorted({ln.strip()[-220:] for ln in text.splitlines() if any(s in ln for s in CUDAGRAPH_LOG)})
+    res_path = out / f"{case['name']}.json"
+    if res_path.exists():
+        res = json.loads(res_path.read_text())
+        res["log_lines"] = lines
+        res_path.write_text(json.dumps(res, indent=1))
+        print(f"CASE {case['name']} ok init {res['init_s']} s", flush=True)
+    else:
+        tail = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln][-6:]
+        print(f"CASE {case['name']} FAILED rc={p.returncode}: " + " | ".join(tail)[-1500:], flush=True)
+    for ln in lines:
+        print("   ", ln, flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("dest", type=Path)
+    p.add_argument("--trained-draft", type=Path, help="the training pipeline's export directory")
+    p = sub.add_parser("run")
+    p.add_argument("suite")
+    p.add_argument("--models", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--only", nargs="*", default=[])
+    p.add_argument("--budget", type=float, default=540, help="seconds for the whole suite")
+    p = sub.add_parser("case")
+    p.add_argument("case", type=Path)
+    p.add_argument("result", type=Path)
+    p = sub.add_parser("report")
+    p.add_argument("raw", type=Path, nargs="+", help="case result files or folders of them")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--acceptance", type=Path, help="eval.json of the trained pair (per-position acceptance)")
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        prepare(a.dest, a.trained_draft)
+    elif a.cmd == "run":
+        run_suite(a.suite, a.models, a.out, a.parallel, a.only, a.budget)
+    elif a.cmd == "case":
+        case = json.loads(a.case.read_text())
+        res = run_case(case)
+        res["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        res["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        a.result.write_text(json.dumps(res, indent=1))
+        os._exit(0)  # skip engine teardown: the next group needs the GPU
+    elif a.cmd == "report":
+        report(a.raw, a.out, a.acceptance, " ".join(["python", *sys.argv]))
+
+
+if __name__ == "__main__":
+    main()

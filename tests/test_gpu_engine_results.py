@@ -1,0 +1,38 @@
+"""The committed GPU-engine results (benchmarks/results/gpu_engine_h200) are what the
+report makes of the raw case files: regenerated here, they must match, derived fields
+and all. Plus the report's own arithmetic on small known inputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "gpu_engine_h200"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_engine_e2e as e2e  # noqa: E402
+
+
+def test_committed_summary_is_the_reports_output(tmp_path):
+    e2e.report([RESULTS / "raw"], tmp_path, RESULTS / "trained_pair_eval.json")
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads((RESULTS / "summary.json").read_text())
+    committed = (RESULTS / "README.md").read_text()
+    assert "Report command: `python benchmarks/gpu_engine_e2e.py report" in committed
+    assert (tmp_path / "README.md").read_text().rstrip() == committed.split("Report command:")[0].rstrip()
+
+
+def test_every_raw_result_names_its_command_and_date():
+    for p in (RESULTS / "raw").glob("*.json"):
+        r = json.loads(p.read_text())
+        assert r["command"].startswith("gpu_engine_e2e.py case") and r["date"].startswith("20"), p.name
+        assert p.stem == r["case"]["name"]
+
+
+def test_greedy_comparison_and_tau():
+    a = {"tokens": [[1, 2, 3], [4, 5, 6]], "margins": [[0.5, 0.5, 0.5], [0.5, 0.0625, 0.5]]}
+    b = {"tokens": [[1, 2, 3], [4, 7, 6]], "margins": [[0.5, 0.5, 0.5], [0.5, 0.0, 0.5]]}
+    c = e2e.compare_greedy(a, b)
+    assert c["identical"] == 1 and c["divergences"] == [{"prompt": 1, "token": 1, "margins": [0.0625, 0.0]}]
+    assert e2e.tau([0.8, 0.6, 0.5], 2) == 1 + 0.8 + 0.6
