@@ -1,18 +1,29 @@
+import re
+
 from setuptools import find_packages, setup
+
+# one version source: vllm_k2_plugin/__init__.py
+VERSION = re.search(r'^__version__ = "([^"]+)"', open("vllm_k2_plugin/__init__.py").read(), re.M).group(1)
 
 setup(
     name="vllm-k2-plugin",
-    version="0.1.0",
+    version=VERSION,
     description="Serve Kimi-K2.5 with EAGLE-3 speculative decoding on vLLM 0.16 and later",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["vllm_k2_plugin", "vllm_k2_plugin.*"]),
     # The tiny trained target (weights + tokenizer + recipe), for demos and acceptance tests.
-    package_data={"vllm_k2_plugin.fixtures": ["data/tiny-trained/*"]},
+    # Everything the CLI reads at run time (read through importlib.resources): the tiny
+    # trained target, the patch files, the planner's measured calibration.
+    package_data={
+        "vllm_k2_plugin": ["patch_files/README.md", "patch_files/*/*"],
+        "vllm_k2_plugin.fixtures": ["data/tiny-trained/*"],
+        "vllm_k2_plugin.train": ["calibration/*.json"],
+    },
     python_requires=">=3.10",
     # No vLLM pin: vLLM brings its own torch. Supported vLLM: >=0.16 (see
     # vllm_k2_plugin/patching/versions.py: SUPPORTED), tested on 0.16.0 and 0.32.0.
-    install_requires=["packaging", "safetensors", "tokenizers"],
+    install_requires=["packaging", "safetensors", "tokenizers", "tomli; python_version < '3.11'"],
     extras_require={
         "train": ["tqdm", "matplotlib", "datasets"],
         "gguf": ["gguf>=0.17"],

@@ -26,7 +26,7 @@ trace=$(mktemp -d)
 if [[ "$ENGINE" == vllm016 ]]; then serve=("$venv/bin/vllm" serve "$model"); else
   serve=("$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model"); fi
 VLLM_K2_TRACE_DIR=$trace "${serve[@]}" --served-model-name tiny-k25 --trust-remote-code \
-  --dtype float32 --max-model-len 1024 --enforce-eager --port "$PORT" >"$log" 2>&1 &
+  --dtype float32 --max-model-len 1024 --enforce-eager --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$log" "$trace"' EXIT
 echo "== vllm serve (pid $server), waiting for /health ..."

@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from vllm_k2_plugin import fileio
 from vllm_k2_plugin.fixtures import build_fixture
 
 from .conftest import SMALL_ENGINE, engine_env, run_engine_job
@@ -50,7 +51,27 @@ def test_rebuild_is_cached_and_atomic(tmp_path):
     mtime = os.path.getmtime(os.path.join(out, "model.safetensors"))
     build_fixture("text", out)
     assert os.path.getmtime(os.path.join(out, "model.safetensors")) == mtime
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".fixture-")]
+    assert not fileio.leftovers(str(tmp_path))
+
+
+def test_no_temporaries_in_the_package_data():
+    """A committed leftover of an interrupted write (e.g. fixtures/data/.tiny-trained-*/)."""
+    from vllm_k2_plugin.fixtures import trained_target
+
+    assert not fileio.leftovers(os.path.dirname(trained_target.DATA_DIR))
+
+
+def test_leftovers_sees_both_kinds_of_temporaries(tmp_path):
+    with pytest.raises(RuntimeError):
+        with fileio.directory(str(tmp_path / "model")) as tmp:
+            open(os.path.join(tmp, "x"), "w").close()
+            os.makedirs(tmp_path / "kept")
+            os.replace(tmp, tmp_path / "kept" / os.path.basename(tmp))  # as if the cleanup never ran
+            raise RuntimeError("interrupted")
+    fileio.write_file(str(tmp_path / "a.json"), lambda t: open(t, "w").write("{}"))
+    open(tmp_path / ".tmp-abcd1234a.json", "w").close()
+    found = fileio.leftovers(str(tmp_path))
+    assert len(found) == 2 and ".tmp-abcd1234a.json" in found, found
 
 
 def test_k25_wrapper_config_shape(k25_model):

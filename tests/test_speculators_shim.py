@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 
+from vllm_k2_plugin import fileio
+
 from .conftest import REPO, engine_env
 
 pytestmark = [pytest.mark.vllm016, pytest.mark.slow]
@@ -137,10 +139,10 @@ def test_resumed_dataset_is_complete_without_duplicates(text_run, tmp_path_facto
         for r in rows:
             assert r["input_ids"].tolist() == samples[r["index"]]
             assert r["hidden_states"][0].shape[0] == len(samples[r["index"]])
-    assert not list(base.parent.glob("*.tmp")), "no half-written files remain"
+    assert not fileio.leftovers(str(base.parent)), "no half-written files remain"
 
 
 def test_without_the_shim_speculators_fails_on_016(text_model, tmp_path):
     r = _job(tmp_path, text_model, engine_env(VLLM_K2_DISABLE="1"), shim=False)
-    assert not r["ok"]
-    print("stock speculators 0.3.0 on vLLM 0.16:", r["error_type"], r["error"][:200])
+    # the first of speculators 0.3.0's breaks on 0.16 (the shim's reason to exist), not any failure
+    assert not r["ok"] and r["error_type"] == "ValidationError" and "SchedulerConfig" in r["error"], r

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -63,6 +64,20 @@ def directory(path: str):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+#: Names of this module's temporaries: write_file's ".tmp-XXXXXXXX<name>", directory()'s
+#: ".<name>-XXXXXXXX" and ".<name>-old-XXXXXXXX" (XXXXXXXX: tempfile's 8 random characters).
+_TEMP = re.compile(r"^\.(tmp-[a-z0-9_]{8}.+|.+-(old-)?[a-z0-9_]{8})$")
+
+
+def leftovers(path: str) -> list[str]:
+    """Temporaries of this module under `path` (recursively): what an interrupted or buggy
+    write left behind. Empty after every successful write."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        found += [os.path.relpath(os.path.join(root, n), path) for n in dirs + files if _TEMP.match(n)]
+    return sorted(found)
 
 
 def sha256(path: str) -> str:

@@ -19,9 +19,11 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
-PATCHES_ROOT = Path(__file__).resolve().parent.parent.parent / "patches"
+#: Package data (the repository's top-level patches/ links here), so a wheel carries it.
+PATCHES_ROOT = Path(str(resources.files("vllm_k2_plugin") / "patch_files"))
 STATE_DIR = ".vllm-k2-patches"
 _DIFF_FILE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 

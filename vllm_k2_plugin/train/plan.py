@@ -26,11 +26,13 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 
 from .hardware import GPUS, H200_KEY, K25, K25_DRAFT, GPUSpec
 
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "train_step_h200.json"
+#: Package data (benchmarks/results/train_step_h200.json links here), so a wheel carries it.
+DEFAULT_CALIBRATION = Path(str(resources.files("vllm_k2_plugin.train") / "calibration" / "train_step_h200.json"))
 HOURS_VS_DAYS_H = 24.0  # the verdict's threshold: end-to-end wall time below this is "hours"
 
 

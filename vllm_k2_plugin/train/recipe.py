@@ -27,7 +27,10 @@ import subprocess
 import sys
 from dataclasses import fields
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (setup.py installs tomli there)
+    import tomli as tomllib
 
 from .. import fileio
 

@@ -1,0 +1,20 @@
+"""The test suite's own guard rails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_typoed_marker_fails_collection(tmp_path):
+    (tmp_path / "test_typo.py").write_text("import pytest\n\n\n@pytest.mark.vllm16\ndef test_x():\n    pass\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(REPO / "pytest.ini"), "--rootdir", str(tmp_path), "-p",
+         "no:cacheprovider", str(tmp_path / "test_typo.py")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "'vllm16' not found in `markers`" in proc.stdout + proc.stderr
