@@ -650,7 +650,7 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
     out.mkdir(parents=True, exist_ok=True)
     from vllm_k2_plugin import fileio
 
-    fileio.write_file(str(out / "README.md"), lambda t: Path(t).write_text("\n".join(L) + "\n"))
+    fileio.write_text(str(out / "README.md"), "\n".join(L) + "\n")
     fileio.write_json(str(out / "summary.json"), summary)
     return summary
 
@@ -866,7 +866,9 @@ def main(argv=None) -> None:
         res["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         res["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
         a.result.write_text(json.dumps(res, indent=1))
-        os._exit(0)  # skip engine teardown: the next group needs the GPU
+        if os.getpgrp() == os.getpid():  # started by `run` in a group of its own: end it, engine and all,
+            os.killpg(0, 9)  # at once (the next group needs the GPU); `run` kills the group again
+        sys.exit(0)  # started by hand: vLLM's own shutdown runs (no orphaned engine processes)
     elif a.cmd == "report":
         report(a.raw, a.out, a.acceptance, " ".join(["python", *sys.argv]))
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the built-in tiny model: build the engine (cached), write the tiny
-# Kimi-K2.5 fixture, show `vllm-k2 doctor`, then `vllm serve` the fixture with the
-# plugin loaded, ask it one chat question and stop the server.
+# Kimi-K2.5-architecture target that was trained on Python code (committed weights),
+# show `vllm-k2 doctor`, then `vllm serve` it with the plugin loaded (on 127.0.0.1),
+# ask it to continue a piece of code and stop the server.
 #
 #   bash ci/demo.sh            # vLLM 0.16 (default)
 #   ENGINE=latest bash ci/demo.sh
@@ -15,8 +16,8 @@ venv=$(bash "$REPO/ci/engine.sh" "$ENGINE")
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 [[ "$ENGINE" == vllm016 ]] && export VLLM_MLA_DISABLE=1  # 0.16 has no CPU MLA backend
 
-model=$("$venv/bin/vllm-k2" fixture k25 "$CACHE/fixtures/$ENGINE/tiny-kimi-k25")
-echo "== tiny Kimi-K2.5 fixture: $model"
+model=$("$venv/bin/vllm-k2" fixture trained-k25 "$CACHE/fixtures/$ENGINE/tiny-kimi-k25-trained")
+echo "== tiny Kimi-K2.5-architecture target trained on Python code: $model"
 "$venv/bin/vllm-k2" doctor
 
 log=$(mktemp)
@@ -44,8 +45,16 @@ for t in read_traces(sys.argv[1]):
     states = ", ".join(f"{k}={v['state']}" for k, v in t["patches"].items())
     print(f"  pid {t['pid']:>6}  {t['title'][:28]:28}  via {t['call_site']}\n      {states}")
 PY
-echo "== chat completion from the served fixture"
-curl -sf "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d '{"model":"tiny-k25","messages":[{"role":"user","content":"What is 12 times 7?"}],"max_tokens":16,"temperature":0}' \
-  | "$venv/bin/python" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"reply": r["choices"][0]["message"]["content"], "usage": r["usage"]}))'
-echo "== done (random weights: the reply is gibberish by design)"
+echo "== chat completion from the served model (it learned to continue Python code)"
+"$venv/bin/python" - "$PORT" <<'PY'
+import json, sys, urllib.request
+code = 'def copyfileobj(fsrc, fdst, length=0):\n    """copy data from file-like object fsrc to file-like object fdst"""\n'
+body = {"model": "tiny-k25", "messages": [{"role": "user", "content": "Continue this code from shutil.py:\n" + code}],
+        "max_tokens": 64, "temperature": 0}
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=120))
+print(code + r["choices"][0]["message"]["content"])
+print(json.dumps({"usage": r["usage"]}))
+PY
+echo "== done"

@@ -136,3 +136,31 @@ def test_config_only_drafter_passes_preflight_with_dummy_weights(k25_model, fixt
     assert dummy[str(bare)]["ok"], dummy[str(bare)].get("traceback")
     r = real[str(bare)]
     assert not r["ok"] and r["error_type"] == "DraftCheckError" and "no *.safetensors" in r["error"], r
+
+
+def _hf_cache_entry(cache, repo_id, src):
+    """A drafter placed in a Hugging Face hub cache the way huggingface_hub lays one out."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(src, repo / "snapshots" / commit)
+    return repo / "snapshots" / commit
+
+
+@pytest.mark.slow
+def test_hub_id_drafters_are_resolved_through_the_cache_and_checked(bad_drafters, k25_model, fixture_root, tmp_path):
+    cache = tmp_path / "hub"
+    good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
+    _hf_cache_entry(cache, "local/k25-eagle3", good)
+    bad_path, bad_why = bad_drafters["d2t out of range"]
+    cached_bad = _hf_cache_entry(cache, "local/bad-eagle3", bad_path)
+    env = engine_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "hf-home"))
+    ids = ["local/k25-eagle3", "local/bad-eagle3", "nobody/missing-eagle3"]
+    r = _config_jobs(k25_model, ids, tmp_path, env, load_draft=False)
+    assert r["local/k25-eagle3"]["ok"], r["local/k25-eagle3"].get("traceback")
+    bad = r["local/bad-eagle3"]
+    assert bad["error_type"] == "DraftCheckError" and bad_why in bad["error"] and str(cached_bad) in bad["error"], bad
+    missing = r["nobody/missing-eagle3"]
+    assert missing["error_type"] == "DraftCheckError", missing
+    assert "'nobody/missing-eagle3'" in missing["error"] and "local Hugging Face cache" in missing["error"]

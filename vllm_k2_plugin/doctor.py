@@ -54,9 +54,19 @@ def load_through_vllm() -> tuple[bool, str]:
     return False, "vLLM did not call register() (entry point missing? reinstall the package)"
 
 
+#: What serving needs, and what each is for (doctor names the missing ones).
+NEEDED = {"vllm": "the engine the plugin patches", "torch": "vLLM's tensors, the MLA kernel, training"}
+
+
 def collect() -> dict:
     loaded, how = load_through_vllm()
     release = vllm_release()
+    if not loaded:  # still list every patch (importing the feature modules applies nothing)
+        from .features import load_feature_patches
+
+        load_feature_patches(Settings.from_env().extra_patch_modules)
+        if vllm_version_string() is None:
+            REGISTRY.apply_all()  # touches nothing: each is marked "vLLM is not installed"
     return {
         "versions": {
             "vllm-k2-plugin": package_version("vllm-k2-plugin"),
@@ -82,6 +92,9 @@ def render(report: dict) -> str:
     lines = ["vllm-k2 doctor", ""]
     for k, v in report["versions"].items():
         lines.append(f"  {k:16} {v or '-'}")
+    missing = [f"{name} ({why})" for name, why in NEEDED.items() if not report["versions"].get(name)]
+    if missing:
+        lines.append(f"  {'MISSING':16} " + "; ".join(missing))
     sup = "yes" if report["vllm_supported"] else f"NO (supported: vllm{SUPPORTED})"
     lines += [
         f"  {'vllm supported':16} {sup}",

@@ -32,11 +32,20 @@ def write_file(path: str, write: Callable[[str], None]) -> None:
 
 
 def write_json(path: str, obj) -> None:
+    write_text(path, json.dumps(obj, indent=1))
+
+
+def write_text(path: str, text: str) -> None:
     def _w(tmp: str) -> None:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
+            f.write(text)
 
     write_file(path, _w)
+
+
+def copy(src: str, dst: str) -> None:
+    """shutil.copy2 (data, mode, times), atomically replacing dst."""
+    write_file(dst, lambda tmp: shutil.copy2(src, tmp))
 
 
 def read_json(path: str):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
+
+from . import fileio
 
 
 def loader_call_site() -> str:
@@ -48,11 +49,7 @@ def write_trace(trace_dir: str, loads: int) -> None:
         "vllm": vllm_version_string(),
         "patches": {p.name: {"state": p.state.value, "reason": p.reason} for p in REGISTRY},
     }
-    # atomic: readers never see half a record
-    fd, tmp = tempfile.mkstemp(dir=trace_dir, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, os.path.join(trace_dir, f"{os.getpid()}-{loads}.json"))
+    fileio.write_json(os.path.join(trace_dir, f"{os.getpid()}-{loads}.json"), record)  # readers never see half
 
 
 def read_traces(trace_dir: str) -> list[dict]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from .. import fileio
+
 
 def _fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
@@ -86,9 +88,6 @@ def write_all(result: dict, out_dir: str) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     files = {"json": os.path.join(out_dir, "bench_ab.json"), "markdown": os.path.join(out_dir, "bench_ab.md")}
     for key, text in (("json", json.dumps(result, indent=1)), ("markdown", markdown(result))):
-        tmp = files[key] + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, files[key])
+        fileio.write_text(files[key], text)
     files["plots"] = plots(result, out_dir)
     return files

@@ -14,6 +14,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..hf_config import text_config
+
 #: EAGLE-3 in vLLM combines exactly three target states (0.16 hard-codes it).
 NUM_AUX = 3
 
@@ -36,7 +38,7 @@ class TargetShape:
     def from_config_file(cls, target_dir: str) -> TargetShape:
         """From a target's config.json; multimodal wrappers keep it in text_config."""
         cfg, where = read_draft_config(target_dir)
-        text = cfg.get("text_config", cfg)
+        text = text_config(cfg)
         try:
             return cls(int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
         except KeyError as e:

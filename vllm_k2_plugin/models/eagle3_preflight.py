@@ -3,7 +3,9 @@
 Runs in the API server / LLM process inside ``EngineArgs.create_speculative_config``,
 before any engine or worker starts, on every vLLM version:
 
-* broken drafters fail there with DraftCheckError naming file and field/tensor;
+* broken drafters fail there with DraftCheckError naming file and field/tensor; a drafter
+  given as a hub id is resolved through the local Hugging Face cache first (offline and
+  not cached: an error naming the id, before vLLM's own);
 * the draft config is completed the way the speculator class needs it:
   ``target_hidden_size`` from the target's ``text_config`` when the drafter omits it,
   and a nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` promoted to the top
@@ -17,19 +19,41 @@ import os
 
 from vllm_k2_plugin.patching import REGISTRY, PatchContext
 
-from .eagle3_checks import TargetShape, check_draft
+from .eagle3_checks import DraftCheckError, TargetShape, check_draft
 
 
 def _draft_dir(spec) -> str | None:
     path = getattr(spec, "model", None) or getattr(getattr(spec, "draft_model_config", None), "model", None)
-    return path if path and os.path.isdir(path) else None
+    return resolve_draft(path, getattr(spec, "revision", None)) if path else None
+
+
+def resolve_draft(path: str, revision: str | None = None) -> str:
+    """The drafter's local directory: as given, or a hub id resolved through the local
+    Hugging Face cache (fetched first when online, as vLLM itself would right after)."""
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no")
+    try:
+        return snapshot_download(path, revision=revision, allow_patterns=DRAFT_FILES, local_files_only=offline)
+    except LocalEntryNotFoundError as e:
+        raise DraftCheckError(
+            f"EAGLE-3 drafter {path!r}: not a directory and not in the local Hugging Face cache "
+            "(HF_HUB_OFFLINE is set): download it first, e.g. `huggingface-cli download " + path + "`"
+        ) from e
+
+
+#: What the drafter check reads (and vLLM loads): configs and weights.
+DRAFT_FILES = ["*.json", "*.safetensors"]
 
 
 def preflight(spec, target_model_config, load_format: str | None = None) -> None:
     if spec is None or getattr(spec, "method", None) != "eagle3":
         return
     draft_dir = _draft_dir(spec)
-    if draft_dir is None:  # a hub id not downloaded yet: vLLM resolves it later
+    if draft_dir is None:
         return
     target = TargetShape.from_hf_text_config(target_model_config.hf_text_config)
     summary = check_draft(draft_dir, target, weights=str(load_format or "auto") != "dummy")
@@ -42,6 +66,9 @@ def preflight(spec, target_model_config, load_format: str | None = None) -> None
 
 def _wrap(original):
     def create_speculative_config(self, target_model_config, target_parallel_config, *args, **kwargs):
+        asked = self.speculative_config if isinstance(self.speculative_config, dict) else {}
+        if asked.get("method") == "eagle3" and isinstance(asked.get("model"), str):
+            resolve_draft(asked["model"], asked.get("revision"))  # before vLLM's own, less clear, error
         spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
         preflight(spec, target_model_config, getattr(self, "load_format", None))
         return spec

@@ -21,10 +21,6 @@ DS = "vllm.model_executor.models.deepseek_v2"
 K25 = "vllm.model_executor.models.kimi_k25"
 
 
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    return (2, num_layers // 2, num_layers - 3)
-
-
 def _deepseek_has_eagle3() -> bool:
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 
@@ -89,7 +85,9 @@ def _set_aux_layers(self, layers) -> None:
 
 
 def _get_aux_layers(self) -> tuple[int, ...]:
-    return default_aux_layers(self.config.num_hidden_layers)
+    from vllm_k2_plugin.hf_config import default_aux_layer_ids
+
+    return tuple(default_aux_layer_ids(self.config.num_hidden_layers))
 
 
 @REGISTRY.patch(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+from .. import fileio
 
 #: Package data (the repository's top-level patches/ links here), so a wheel carries it.
 PATCHES_ROOT = Path(str(resources.files("vllm_k2_plugin") / "patch_files"))
@@ -181,9 +182,7 @@ def apply(root: Path, version: str, series: list[PatchFile]) -> str:
                 (backup / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / f, backup / f)
         for f in files:
-            tmpfile = root / (f + ".vllm-k2.tmp")
-            shutil.copy2(stage / f, tmpfile)
-            os.replace(tmpfile, root / f)
+            fileio.copy(str(stage / f), str(root / f))
     _write_state(
         root,
         {
@@ -212,19 +211,13 @@ def revert(root: Path, force: bool = False) -> str:
         if h is None:  # the series created it
             (root / f).unlink(missing_ok=True)
             continue
-        tmpfile = root / (f + ".vllm-k2.tmp")
-        shutil.copy2(backup / f, tmpfile)
-        os.replace(tmpfile, root / f)
+        fileio.copy(str(backup / f), str(root / f))
     shutil.rmtree(root / STATE_DIR)
     return f"restored {len(state['original'])} files"
 
 
 def _write_state(root: Path, state: dict) -> None:
-    p = _state_path(root)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, p)
+    fileio.write_json(str(_state_path(root)), state)
 
 
 def export_git(series: list[PatchFile], out_dir: Path, author: str, date: str) -> list[Path]:

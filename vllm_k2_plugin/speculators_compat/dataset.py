@@ -6,6 +6,9 @@ out_dir/
 
 An interrupted run leaves only complete shards listed in the manifest; a rerun skips
 the samples those shards hold, so no sample is missing or duplicated.
+
+Why not train/shards.py's format: this one is for speculators' own tooling, which reads
+its v1 ``.pt`` rows (pickled dicts); our trainer reads checksummed safetensors shards.
 """
 
 from __future__ import annotations

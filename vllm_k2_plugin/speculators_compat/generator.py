@@ -6,9 +6,9 @@ releases did); the numbers refer to the research table (speculators-and-eagle3-t
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from ..hf_config import default_aux_layer_ids
 
 WORKER = "vllm_k2_plugin.speculators_compat.worker.HiddenStatesWorkerExtension"
 CONVENTION = "vllm-eagle3: id i = residual stream entering target layer i (N = after the last layer)"
@@ -35,7 +35,7 @@ def __init__(
     self._request_counter = 0
     self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)  # row 34
     num_layers = _num_layers(model_path)  # text_config for the K2.5 wrapper
-    self.layer_ids = list(layer_ids) if layer_ids is not None else [2, num_layers // 2, num_layers - 3]
+    self.layer_ids = list(layer_ids) if layer_ids is not None else default_aux_layer_ids(num_layers)
     bad = [i for i in self.layer_ids if not 0 <= i <= num_layers]
     if bad:
         raise ValueError(f"layer ids {bad} out of range 0..{num_layers} (vLLM convention: input of layer i)")
@@ -161,10 +161,9 @@ def generate(self, token_ids) -> list[dict]:
 
 
 def _num_layers(model_path: str) -> int:
-    import json
+    from vllm_k2_plugin.hf_config import read_text_config
 
-    raw = json.load(open(os.path.join(model_path, "config.json")))
-    text = raw.get("text_config", raw)
+    text = read_text_config(model_path)
     if "num_hidden_layers" not in text:
         raise ValueError(f"{model_path}/config.json: no num_hidden_layers (text_config) found")
     return int(text["num_hidden_layers"])

@@ -55,15 +55,16 @@ def _extract(a) -> int:
 
 
 def _vocab(a) -> int:
-    from .extract import target_text_config
+    from ..hf_config import read_text_config
     from .vocab import build_vocab
 
-    target_vocab = int(target_text_config(a.model)["vocab_size"])
+    target_vocab = int(read_text_config(a.model)["vocab_size"])
     return _print(build_vocab(a.prepared, a.out, a.size, target_vocab))
 
 
 def _train(a) -> int:
-    from .trainer import TrainConfig, train
+    from .config import TrainConfig
+    from .trainer import train
 
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
     return _print(train(a.target, a.data, a.vocab, a.out, cfg))
@@ -124,7 +125,7 @@ def add_train_parser(sub) -> None:
     v.add_argument("--size", type=int, default=32000)
     v.set_defaults(func=_vocab)
 
-    from .trainer import TrainConfig
+    from .config import TrainConfig, parse_bool
 
     tr = ts.add_parser("train", help="train the draft (TTT); under torchrun: DDP")
     tr.add_argument("--target", required=True)
@@ -132,7 +133,7 @@ def add_train_parser(sub) -> None:
     tr.add_argument("--vocab", required=True, help="output dir of `vocab`")
     tr.add_argument("--out", required=True)
     for f in fields(TrainConfig):
-        kind = {"int": int, "float": float, "str": str, "bool": lambda s: s.lower() in ("1", "true", "yes")}
+        kind = {"int": int, "float": float, "str": str, "bool": parse_bool}
         typ = kind.get(str(f.type).replace("int | None", "int"), str)
         tr.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=f.default)
     tr.set_defaults(func=_train)

@@ -45,7 +45,7 @@ def llama_layer_config(cfg: DraftConfig, dtype: str) -> dict:
 
 
 def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int) -> dict:
-    from .extract import target_text_config
+    from ..hf_config import read_text_config
 
     with open(os.path.join(target, "config.json")) as f:
         target_arch = json.load(f).get("architectures", [])
@@ -57,7 +57,7 @@ def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int
         "torch_dtype": dtype,
         "vllm_k2_export": {
             "aux_layer_convention": "vllm: id i = residual stream entering target layer i (N = after the last)",
-            "target_num_hidden_layers": int(target_text_config(target)["num_hidden_layers"]),
+            "target_num_hidden_layers": int(read_text_config(target)["num_hidden_layers"]),
         },
     }
     if layout == "speculators":
@@ -107,10 +107,10 @@ def export(
     """checkpoint: a draft.safetensors of a training run; state: its state.json."""
     from safetensors.torch import load_file, save_file
 
-    from .extract import target_text_config
+    from ..hf_config import read_text_config
 
     cfg = DraftConfig(**state["draft"])
-    dtype = dtype or target_text_config(target).get("torch_dtype") or "bfloat16"
+    dtype = dtype or read_text_config(target).get("torch_dtype") or "bfloat16"
     tdtype = getattr(torch, dtype)
     src = load_file(checkpoint)
     tensors = {_rename(n, layout): (v.to(tdtype) if v.is_floating_point() else v).contiguous() for n, v in src.items()}

@@ -11,27 +11,16 @@ by the manifest are skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
 from tqdm import tqdm
 
+from ..hf_config import default_aux_layer_ids, read_text_config
 from . import shards
 from .prepare import read_samples
 
 BYTES_PER_VALUE = 2  # stored as bf16, as a K2.5 engine produces them
-
-
-def target_text_config(model: str) -> dict:
-    with open(os.path.join(model, "config.json")) as f:
-        raw = json.load(f)
-    return raw.get("text_config", raw)
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    """vLLM's EAGLE-3 default (2, N//2, N-3); K2.5 (61 layers): (2, 30, 58)."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def storage_bytes(tokens: int, hidden: int, num_aux: int) -> int:
@@ -78,9 +67,9 @@ def extract(
     import torch
 
     samples = read_samples(prepared_dir)
-    text = target_text_config(model)
+    text = read_text_config(model)
     n_layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
-    layer_ids = list(layer_ids) if layer_ids else default_layer_ids(n_layers)
+    layer_ids = list(layer_ids) if layer_ids else default_aux_layer_ids(n_layers)
     longest = max(len(s["input_ids"]) for s in samples)
     if longest >= max_model_len:
         raise ValueError(f"{prepared_dir}: a sample has {longest} tokens, max_model_len is {max_model_len}")

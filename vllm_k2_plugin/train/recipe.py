@@ -64,7 +64,7 @@ def load_recipe(path: str) -> dict:
     for sec in ("prepare", "eval_data"):
         if sec in r:
             r[sec]["data"] = [rel(p) for p in r[sec]["data"]]
-    from .trainer import TrainConfig
+    from .config import TrainConfig
 
     known = {f.name for f in fields(TrainConfig)} | {"nproc", "draft"}
     bad = set(r.get("train", {})) - known
@@ -160,11 +160,11 @@ def run(recipe_path: str, log=print) -> dict:
             lambda: extract(model, d["prepare_eval"], d["extract_eval"], log=log, **x),
             after=("prepare_eval",),
         )
-    from .extract import target_text_config
+    from ..hf_config import read_text_config
     from .vocab import build_vocab
 
     voc = r.get("vocab", {})
-    target_vocab = int(target_text_config(model)["vocab_size"])
+    target_vocab = int(read_text_config(model)["vocab_size"])
     stage(
         "vocab",
         voc,
@@ -210,7 +210,8 @@ def _digests(paths: list[str]) -> list[str]:
 
 
 def _train(model: str, d: dict, tr: dict, log) -> None:
-    from .trainer import TrainConfig, train
+    from .config import TrainConfig
+    from .trainer import train
 
     nproc = int(tr.pop("nproc", 1))
     draft = tr.pop("draft", None)

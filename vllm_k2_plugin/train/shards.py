@@ -8,7 +8,8 @@
 A shard is written to a temp file and renamed, then the manifest (also atomic) lists it
 with its sha256; a shard not in the manifest does not exist. Readers verify the sha256
 before use, so a corrupted or truncated shard is an error naming the file, never
-garbage in training.
+garbage in training. (speculators_compat/dataset.py writes speculators' own .pt format
+for its tooling; this is ours: no pickle, digests, partial reads.)
 """
 
 from __future__ import annotations

@@ -27,11 +27,12 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from .. import fileio
+from .config import TrainConfig
 from .draft_model import DraftConfig, Eagle3Draft
 from .shards import ShardReader
 from .target_weights import EMBED, LM_HEAD, load_tensor
@@ -39,40 +40,12 @@ from .ttt import Batch
 from .vocab import load_vocab
 
 
-@dataclass
-class TrainConfig:
-    epochs: float = 1.0
-    steps: int | None = None  # overrides epochs
-    batch_size: int = 4  # samples per micro-batch per rank
-    grad_accum: int = 1
-    lr: float = 1e-4
-    schedule: str = "cosine"  # or "linear"
-    warmup_ratio: float = 0.01
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 0.5
-    ttt_steps: int = 7
-    step_decay: float = 0.8
-    max_len: int = 2048
-    save_every: int = 100
-    keep_checkpoints: int = 2
-    seed: int = 0
-    bf16: bool = True  # autocast on CUDA; CPU runs in float32
-
-    def __post_init__(self):
-        if self.schedule not in ("cosine", "linear"):
-            raise ValueError(f"TrainConfig.schedule must be 'cosine' or 'linear', not {self.schedule!r}")
-        for name in ("batch_size", "grad_accum", "ttt_steps", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1")
-
-
 def draft_config_for(target: str, draft_vocab_size: int, aux_layer_ids: list[int], **overrides) -> DraftConfig:
     """The draft geometry for a target: SpecForge's K2.5 draft for hidden 7168, else one
     Llama layer shaped like the target's attention (heads, hidden, dense MLP width)."""
-    from .extract import target_text_config
+    from ..hf_config import read_text_config
 
-    text = target_text_config(target)
+    text = read_text_config(target)
     hidden, vocab = int(text["hidden_size"]), int(text["vocab_size"])
     if hidden == 7168:
         cfg = asdict(DraftConfig.kimi_k25(draft_vocab_size, aux_layer_ids))
