@@ -67,7 +67,7 @@ def _train(a) -> int:
     from .trainer import train
 
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
-    return _print(train(a.target, a.data, a.vocab, a.out, cfg))
+    return _print(train(a.target, a.data, a.vocab, a.out, cfg, a.draft_overrides))
 
 
 def _export(a) -> int:
@@ -136,6 +136,8 @@ def add_train_parser(sub) -> None:
         kind = {"int": int, "float": float, "str": str, "bool": parse_bool}
         typ = kind.get(str(f.type).replace("int | None", "int"), str)
         tr.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=f.default)
+    tr.add_argument("--draft-overrides", type=json.loads, default=None,
+                    help="JSON object of DraftConfig fields (a recipe's [train] draft = {...})")  # fmt: skip
     tr.set_defaults(func=_train)
 
     e = ts.add_parser("export", help="checkpoint -> drafter directory vLLM serves (validated)")

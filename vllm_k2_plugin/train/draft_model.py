@@ -291,6 +291,13 @@ class Eagle3Draft(nn.Module):
         """What a checkpoint holds: trainable weights + d2t/t2d (no embedding, no rotary cache)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
 
+    def load_exported(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Load what exported_state_dict() wrote, strictly: every key it writes, no other."""
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith("rotary.")]  # never saved: recomputed
+        if missing or unexpected:
+            raise ValueError(f"{source}: does not match the draft (missing {missing}, unexpected {unexpected})")
+
     def step(self, tokens, hidden, positions, cache):
         """One draft step over all positions: returns the pre-norm output [B,T,H]."""
         embeds = nn.functional.embedding(tokens, self.embed_tokens).to(hidden.dtype)

@@ -7,7 +7,7 @@ stage after it. Extraction and training also resume inside a stage (shards, chec
     work_dir = "runs/k25"                 # relative to the recipe file
     [target]   model = "/models/Kimi-K2.5"
     [prepare]  data = ["train.jsonl"], max_len = 2048, regenerate = "serve" | "http://..." | false,
-               regenerate_max_tokens = 512, serve_args = ["--tensor-parallel-size", "8"]
+               regenerate_max_tokens = 512, serve_args = ["--tensor-parallel-size", "8"], concurrency = 16
     [eval_data] data = ["heldout.jsonl"]  # optional: prepared/extracted the same way, used by eval
     [extract]  layers = [2, 30, 58], batch_size = 8, max_model_len = 4096, tensor_parallel_size = 8
     [vocab]    size = 32000
@@ -64,13 +64,46 @@ def load_recipe(path: str) -> dict:
     for sec in ("prepare", "eval_data"):
         if sec in r:
             r[sec]["data"] = [rel(p) for p in r[sec]["data"]]
+    check_keys(r, path)
+    return r
+
+
+def known_keys() -> dict[str, set[str]]:
+    """Every key each section may hold (what run() reads); "" is the top level."""
     from .config import TrainConfig
 
-    known = {f.name for f in fields(TrainConfig)} | {"nproc", "draft"}
-    bad = set(r.get("train", {})) - known
-    if bad:
-        raise RecipeError(f"{path}: unknown [train] keys {sorted(bad)}; known: {sorted(known)}")
-    return r
+    return {
+        "": {"work_dir", "target", "prepare", "eval_data", "extract", "vocab", "train", "export", "eval"},
+        "target": {"model"},
+        "prepare": {
+            "data",
+            "max_len",
+            "max_samples",
+            "regenerate",
+            "regenerate_max_tokens",
+            "serve_args",
+            "concurrency",
+        },
+        "eval_data": {"data", "max_samples"},
+        "extract": {"layers", "batch_size", "max_model_len", "tensor_parallel_size", "dtype"},
+        "vocab": {"size"},
+        "train": {f.name for f in fields(TrainConfig)} | {"nproc", "draft"},
+        "export": {"layout", "dtype", "k"},
+        "eval": {"k_max"},
+    }
+
+
+def check_keys(r: dict, path: str) -> None:
+    """An unknown key is an error naming its section (a typo must not be silently ignored)."""
+    known = known_keys()
+    for section, keys in known.items():
+        table = r if section == "" else r.get(section, {})
+        if not isinstance(table, dict):
+            raise RecipeError(f"{path}: [{section}] must be a table")
+        bad = sorted(set(table) - keys)
+        if bad:
+            where = "top level" if section == "" else f"[{section}]"
+            raise RecipeError(f"{path}: unknown key(s) {bad} in {where}; known: {sorted(keys)}")
 
 
 def _done(stage_dir: str, settings: dict) -> bool:
@@ -131,6 +164,7 @@ def run(recipe_path: str, log=print) -> dict:
             max_len=prep.get("max_len", 2048),
             regenerate_url=url,
             regenerate_max_tokens=prep.get("regenerate_max_tokens", 512),
+            concurrency=prep.get("concurrency", 16),
         )
         stage(
             "prepare",
@@ -213,19 +247,28 @@ def _train(model: str, d: dict, tr: dict, log) -> None:
     from .config import TrainConfig
     from .trainer import train
 
+    tr = dict(tr)
     nproc = int(tr.pop("nproc", 1))
     draft = tr.pop("draft", None)
     if nproc <= 1:
         train(model, d["extract"], d["vocab"], d["train"], TrainConfig(**tr), draft)
         return
-    # Several processes: torchrun runs the same stage CLI in each (DDP).
+    cmd = torchrun_command(model, d, tr, draft, nproc)
+    log(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+
+
+def torchrun_command(model: str, d: dict, tr: dict, draft: dict | None, nproc: int) -> list[str]:
+    """Several processes: torchrun runs the same stage CLI in each (DDP), with exactly the
+    settings a single-process run gets (TrainConfig fields and the draft overrides)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "vllm_k2_plugin.cli", "train", "train", "--target", model, "--data", d["extract"],
            "--vocab", d["vocab"], "--out", d["train"]]  # fmt: skip
     for k, v in tr.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    log(" ".join(cmd))
-    subprocess.run(cmd, check=True)
+    if draft:
+        cmd += ["--draft-overrides", json.dumps(draft, sort_keys=True)]
+    return cmd
 
 
 @contextlib.contextmanager

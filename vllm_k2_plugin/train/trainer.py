@@ -199,7 +199,7 @@ def train(
         state = fileio.read_json(os.path.join(ck, "state.json"))
         if state["draft"] != dcfg.to_dict():
             raise ValueError(f"{ck}: checkpoint draft config differs from this run's; use another --out")
-        model.load_state_dict(load_file(os.path.join(ck, "draft.safetensors")), strict=False)
+        model.load_exported(load_file(os.path.join(ck, "draft.safetensors")), os.path.join(ck, "draft.safetensors"))
         model.to(device)
         opt_state = torch.load(os.path.join(ck, "optimizer.pt"), map_location=device, weights_only=False)
         opt.load_state_dict(opt_state["optimizer"])
