@@ -242,3 +242,61 @@ def test_torchrun_two_ranks_equal_one_rank_with_accumulation(synthetic):
     for k in a:
         if a[k].is_floating_point():
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_sample_reads_touch_only_their_bytes(synthetic, tmp_path):
+    """An epoch in random order materialises each sample's rows once: ~1x the dataset, not
+    a whole shard per sample. Storage reads (/proc/self/io, shard pages evicted first) too."""
+    import random
+    import shutil
+
+    from safetensors import safe_open
+
+    data = tmp_path / "copy"
+    shutil.copytree(synthetic["data"], data)
+    files = sorted(data.glob("shard-*.safetensors"))
+    r = shards.ShardReader(str(data))
+    r.verify_all()  # hashing reads every byte once; measure the epoch after it
+    sample_bytes = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for k in ("input_ids", "loss_mask", "aux", "final"):
+                t = h.get_tensor(k)
+                sample_bytes += t.numel() * t.element_size()
+    for f in files:  # drop the shards from the page cache, so storage reads are counted
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+    def storage_read() -> int:
+        with open("/proc/self/io") as io:
+            return int(next(ln for ln in io if ln.startswith("read_bytes")).split()[1])
+
+    before = storage_read()
+    order = list(range(len(r)))
+    random.Random(0).shuffle(order)
+    for i in order:
+        r.sample(i)
+    assert r.bytes_read <= 1.1 * sample_bytes, (r.bytes_read, sample_bytes)
+    file_bytes = sum(f.stat().st_size for f in files)
+    assert storage_read() - before <= 1.1 * file_bytes, (storage_read() - before, file_bytes)
+
+
+def test_shard_digests_are_verified_once_and_recorded(synthetic, tmp_path, monkeypatch):
+    import shutil
+
+    data = tmp_path / "copy"
+    shutil.copytree(synthetic["data"], data)
+    (data / shards.VERIFIED).unlink(missing_ok=True)  # as extracted: nothing verified yet
+    hashed = []
+    real = shards.fileio.sha256
+    monkeypatch.setattr(shards.fileio, "sha256", lambda p: hashed.append(p) or real(p))
+    shards.ShardReader(str(data)).verify_all()
+    first = len(hashed)
+    assert first == len(list(data.glob("shard-*.safetensors")))
+    shards.ShardReader(str(data)).verify_all()  # a restart: the record stands
+    assert len(hashed) == first
+    shard = data / "shard-00001.safetensors"
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # rewritten since
+    shards.ShardReader(str(data)).verify_all()
+    assert hashed[first:] == [str(shard)]

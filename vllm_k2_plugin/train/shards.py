@@ -62,18 +62,28 @@ def write_shard(out_dir: str, manifest: dict, samples: list[dict]) -> dict:
     return entry
 
 
-class ShardReader:
-    """Samples of an extraction directory, checksums verified on first access."""
+#: Beside the manifest: shards whose sha256 was checked, with the size and mtime they had
+#: then. A shard still matching them is not hashed again (41 TB at hero scale per restart).
+VERIFIED = "verified.json"
 
-    def __init__(self, extract_dir: str, verify: bool = True):
+
+class ShardReader:
+    """Samples of an extraction directory. A sample read touches only that sample's rows
+    (safetensors ``safe_open`` slices of the memory-mapped shard). Each shard's sha256 is
+    checked once, at first use, and recorded in ``verified.json``; a later reader trusts
+    the record while the file keeps its size and mtime (anything that rewrites it changes
+    them), else hashes again."""
+
+    def __init__(self, extract_dir: str, verify: bool = True, open_shards: int = 8):
         self.dir = extract_dir
         self.manifest = load_manifest(extract_dir)
         if not self.manifest["shards"]:
             raise ShardError(f"{extract_dir}: no {MANIFEST} with shards; run `vllm-k2 train extract` first")
         self.metadata = self.manifest["metadata"]
         self._verify = verify
-        self._verified: set[str] = set()
-        self._cache: tuple[str, dict] | None = None
+        self._open: dict[str, tuple] = {}  # path -> (safe_open handle, offsets, sample_index), LRU
+        self._max_open = open_shards
+        self.bytes_read = 0  # sample bytes materialised (what a read costs, for tests and logs)
         self.index: list[tuple[int, int]] = []  # (shard number, position in shard)
         for s, entry in enumerate(self.manifest["shards"]):
             self.index.extend((s, j) for j in range(len(entry["samples"])))
@@ -83,33 +93,48 @@ class ShardReader:
 
     def verify_all(self) -> None:
         for entry in self.manifest["shards"]:
-            self._load(entry)
+            self._check(entry)
 
-    def _load(self, entry: dict) -> dict:
-        from safetensors.torch import load_file
+    def _verified(self) -> dict:
+        path = os.path.join(self.dir, VERIFIED)
+        return fileio.read_json(path) if os.path.exists(path) else {}
 
+    def _check(self, entry: dict) -> str:
         path = os.path.join(self.dir, entry["file"])
-        if self._cache and self._cache[0] == path:
-            return self._cache[1]
         if not os.path.exists(path):
             raise ShardError(f"{path}: listed in {MANIFEST} but missing")
-        if self._verify and path not in self._verified:
-            got = fileio.sha256(path)
-            if got != entry["sha256"]:
-                raise ShardError(f"{path}: sha256 {got} != {entry['sha256']} in {MANIFEST}: the shard is corrupted")
-            self._verified.add(path)
-        tensors = load_file(path)
-        self._cache = (path, tensors)
-        return tensors
+        if not self._verify:
+            return path
+        st = os.stat(path)
+        seen = {"sha256": entry["sha256"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        record = self._verified()
+        if record.get(entry["file"]) == seen:
+            return path
+        got = fileio.sha256(path)
+        if got != entry["sha256"]:
+            raise ShardError(f"{path}: sha256 {got} != {entry['sha256']} in {MANIFEST}: the shard is corrupted")
+        record[entry["file"]] = seen
+        fileio.write_json(os.path.join(self.dir, VERIFIED), record)
+        return path
+
+    def _handle(self, entry: dict) -> tuple:
+        from safetensors import safe_open
+
+        path = os.path.join(self.dir, entry["file"])
+        if path in self._open:
+            self._open[path] = self._open.pop(path)  # most recent last
+            return self._open[path]
+        self._check(entry)
+        h = safe_open(path, framework="pt")
+        self._open[path] = (h, h.get_tensor("offsets").tolist(), h.get_tensor("sample_index").tolist())
+        while len(self._open) > self._max_open:
+            self._open.pop(next(iter(self._open)))
+        return self._open[path]
 
     def sample(self, i: int) -> dict:
         s, j = self.index[i]
-        t = self._load(self.manifest["shards"][s])
-        a, b = int(t["offsets"][j]), int(t["offsets"][j + 1])
-        return {
-            "index": int(t["sample_index"][j]),
-            "input_ids": t["input_ids"][a:b],
-            "loss_mask": t["loss_mask"][a:b],
-            "aux": t["aux"][a:b],
-            "final": t["final"][a:b],
-        }
+        h, offsets, sample_index = self._handle(self.manifest["shards"][s])
+        a, b = offsets[j], offsets[j + 1]
+        rows = {k: h.get_slice(k)[a:b] for k in ("input_ids", "loss_mask", "aux", "final")}
+        self.bytes_read += sum(t.numel() * t.element_size() for t in rows.values())
+        return {"index": sample_index[j], **rows}
