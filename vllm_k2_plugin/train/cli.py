@@ -34,6 +34,8 @@ def _prepare(a) -> int:
             regenerate_url=a.regenerate_url,
             regenerate_max_tokens=a.regenerate_max_tokens,
             concurrency=a.concurrency,
+            keep_truncated=a.keep_truncated,
+            retries=a.retries,
         )
     )
 
@@ -104,7 +106,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--max-samples", type=int)
     p.add_argument("--regenerate-url", help="OpenAI-compatible vLLM server of the target: regenerate answers")
     p.add_argument("--regenerate-max-tokens", type=int, default=512)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=16, help="regeneration requests in flight")
+    p.add_argument("--retries", type=int, default=3, help="per request, with exponential backoff")
+    p.add_argument("--keep-truncated", action="store_true", help="keep regenerated answers cut at max tokens")
     p.set_defaults(func=_prepare)
 
     x = ts.add_parser("extract", help="aux + final hidden states through vLLM into checksummed shards")

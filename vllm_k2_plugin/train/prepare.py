@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
@@ -72,21 +72,115 @@ def _served_model(url: str) -> str:
     return r.json()["data"][0]["id"]
 
 
-def regenerate(messages: list[dict], url: str, model: str, max_tokens: int) -> list[dict]:
-    """Replace each assistant turn by the target's greedy answer to the turns before it."""
+class RegenerationFailed(RuntimeError):
+    pass
+
+
+#: HTTP statuses worth another try (overload, server errors); any other error is final.
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _complete(url: str, body: dict, retries: int, backoff: float) -> dict:
+    import time
+
     import requests
 
+    for attempt in range(retries + 1):
+        try:
+            r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+        except requests.RequestException as e:
+            why, retry = f"{type(e).__name__}: {e}", True
+        else:
+            if r.status_code == 200:
+                return r.json()["choices"][0]
+            why, retry = f"HTTP {r.status_code} {r.text[:200]}", r.status_code in RETRY_STATUS
+        if not retry or attempt == retries:
+            raise RegenerationFailed(f"{why} (after {attempt + 1} attempt(s))")
+        time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def regenerate(messages: list[dict], url: str, model: str, max_tokens: int, retries: int = 3,
+               backoff: float = 1.0) -> tuple[list[dict], bool]:  # fmt: skip
+    """Replace each assistant turn by the target's greedy answer to the turns before it.
+    Returns the chat and whether an answer was cut at max_tokens (finish_reason "length")."""
     out: list[dict] = []
+    truncated = False
     for m in messages:
         if m["role"] != "assistant":
             out.append(m)
             continue
         body = {"model": model, "messages": out, "temperature": 0.0, "max_tokens": max_tokens}
-        r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-        if r.status_code != 200:
-            raise RuntimeError(f"regeneration request to {url} failed: {r.status_code} {r.text[:300]}")
-        out.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
-    return out
+        choice = _complete(url, body, retries, backoff)
+        truncated |= choice.get("finish_reason") == "length"
+        out.append({"role": "assistant", "content": choice["message"]["content"] or ""})
+    return out, truncated
+
+
+class Journal:
+    """Regenerated chats, one JSON line each, appended (and fsynced) as they finish, so an
+    interrupted run keeps them and a restart asks only for the rest. A torn last line
+    (killed mid-write) is dropped; a damaged line elsewhere is an error naming it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.done: dict[str, dict] = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = f.read().split("\n")
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    if n == len(lines):  # the torn tail of an interrupted append
+                        continue
+                    raise ValueError(f"{path}:{n}: damaged journal line ({e})") from e
+                self.done[row["key"]] = row
+        self._f = open(path, "a")  # noqa: SIM115 - kept open for appends, closed by close()
+
+    def add(self, key: str, messages: list[dict], truncated: bool) -> None:
+        row = {"key": key, "messages": messages, "truncated": truncated}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.done[key] = row
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def chat_key(where: str, messages: list[dict]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([where, messages], sort_keys=True).encode()).hexdigest()
+
+
+def regenerate_all(chats, url: str, max_tokens: int, concurrency: int, journal: Journal, retries: int = 3,
+                   backoff: float = 1.0) -> tuple[list, list[dict]]:  # fmt: skip
+    """Regenerate every chat not already in the journal; per-chat failures are collected,
+    not raised. Returns ([(where, messages, truncated)] in input order, failures)."""
+    served = _served_model(url)
+    todo = [(i, where, msgs) for i, (where, msgs) in enumerate(chats) if chat_key(where, msgs) not in journal.done]
+    failures = []
+    with ThreadPoolExecutor(concurrency) as pool:
+        futs = {pool.submit(regenerate, msgs, url, served, max_tokens, retries, backoff): (i, where, msgs)
+                for i, where, msgs in todo}  # fmt: skip
+        for fut in tqdm(as_completed(futs), total=len(futs), desc="regenerate", unit="chat"):
+            i, where, msgs = futs[fut]
+            try:
+                new, truncated = fut.result()
+            except RegenerationFailed as e:
+                failures.append({"id": where, "error": str(e)})
+                continue
+            journal.add(chat_key(where, msgs), new, truncated)
+    out = []
+    for where, msgs in chats:
+        row = journal.done.get(chat_key(where, msgs))
+        if row is not None:
+            out.append((where, row["messages"], row["truncated"]))
+    return out, failures
 
 
 def prepare(
@@ -98,7 +192,14 @@ def prepare(
     regenerate_url: str | None = None,
     regenerate_max_tokens: int = 512,
     concurrency: int = 16,
+    keep_truncated: bool = False,
+    retries: int = 3,
 ) -> dict:
+    """Regeneration (``regenerate_url``) is incremental: finished chats are journaled in
+    ``out_dir/regenerated.partial.jsonl`` until the stage completes, so a restart asks only
+    for the rest. Failed requests are retried (``retries``, exponential backoff); chats that
+    still fail are left out and listed in prepare.json; answers cut at max_tokens are left
+    out (and counted) unless ``keep_truncated``."""
     tok = load_tokenizer(model)
     chats: list[tuple[str, list[dict]]] = []
     for path in data_files:
@@ -110,13 +211,24 @@ def prepare(
             break
     if not chats:
         raise ValueError(f"no conversations in {data_files}")
+    failures, dropped_truncated = [], 0
     if regenerate_url:
-        url = regenerate_url.rstrip("/")
-        served = _served_model(url)
-        with ThreadPoolExecutor(concurrency) as pool:
-            futs = [pool.submit(regenerate, msgs, url, served, regenerate_max_tokens) for _, msgs in chats]
-            regenerated = [f.result() for f in tqdm(futs, desc="regenerate", unit="chat")]
-        chats = [(where, msgs) for (where, _), msgs in zip(chats, regenerated, strict=True)]
+        os.makedirs(out_dir, exist_ok=True)
+        journal = Journal(os.path.join(out_dir, "regenerated.partial.jsonl"))
+        try:
+            done, failures = regenerate_all(
+                chats, regenerate_url.rstrip("/"), regenerate_max_tokens, concurrency, journal, retries
+            )
+        finally:
+            journal.close()
+        dropped_truncated = sum(t for _, _, t in done if not keep_truncated)
+        chats = [(where, msgs) for where, msgs, t in done if keep_truncated or not t]
+        if failures:
+            print(f"[prepare] {len(failures)} chat(s) failed regeneration and are left out (prepare.json lists them)")
+        if dropped_truncated:
+            print(f"[prepare] {dropped_truncated} regenerated chat(s) hit max_tokens and are left out")
+        if not chats:
+            raise ValueError(f"regeneration through {regenerate_url} left no conversation ({len(failures)} failed)")
     rows, truncated, masked = [], 0, 0
     for where, msgs in tqdm(chats, desc="render", unit="chat"):
         full_ids, full_mask = encode(tok, msgs)
@@ -136,6 +248,8 @@ def prepare(
         "max_len": max_len,
         "regenerated_by": regenerate_url,
         "regenerate_max_tokens": regenerate_max_tokens if regenerate_url else None,
+        "regeneration_failures": failures,
+        "regeneration_truncated_left_out": dropped_truncated,
     }
     with fileio.directory(out_dir) as tmp:
         with open(os.path.join(tmp, "samples.jsonl"), "w") as f:

@@ -83,6 +83,8 @@ def known_keys() -> dict[str, set[str]]:
             "regenerate_max_tokens",
             "serve_args",
             "concurrency",
+            "retries",
+            "keep_truncated",
         },
         "eval_data": {"data", "max_samples"},
         "extract": {"layers", "batch_size", "max_model_len", "tensor_parallel_size", "dtype"},
@@ -165,6 +167,8 @@ def run(recipe_path: str, log=print) -> dict:
             regenerate_url=url,
             regenerate_max_tokens=prep.get("regenerate_max_tokens", 512),
             concurrency=prep.get("concurrency", 16),
+            retries=prep.get("retries", 3),
+            keep_truncated=prep.get("keep_truncated", False),
         )
         stage(
             "prepare",
