@@ -377,8 +377,9 @@ def render_text(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
             f"engine reserve, of {m['usable_per_gpu']:.1f} usable -> {m['free_online']:.1f} GB left beside the target",
             "              -> "
             + (
-                "online: target + trainer fit together"
+                "target + trainer would fit together"
                 + ("" if m["online_replicated"] else " only with sharded optimizer states (FSDP/ZeRO)")
+                + " (this pipeline has no online or streaming mode yet: the plan is offline)"
                 if m["online_sharded"]
                 else "target + trainer do NOT fit together: alternate (extract offline, then train)"
             )
