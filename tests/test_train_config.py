@@ -1,5 +1,5 @@
-"""Training settings on the command line: booleans parse strictly (`--bf16 on` is True, a
-typo is an error, never a silent False)."""
+"""Command-line values parse strictly: training booleans (`--bf16 on` is True, a typo is
+an error, never a silent False) and `bench ab`'s lists and modes (one error line, exit 2)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,24 @@ def test_a_bad_boolean_is_an_error_naming_the_option(capsys):
         build_parser().parse_args([*BASE, "--bf16", "maybe"])
     assert e.value.code == 2
     assert "--bf16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--mode", "ngram", "--concurrency", "1,x"], "--concurrency"),
+        (["--mode", "ngram", "--concurrency", "0"], "--concurrency"),
+        (["--mode", "medusa"], "--mode"),
+    ],
+)
+def test_bad_bench_arguments_are_one_error_line_and_exit_2(capsys, args, option):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "ab", "/models/x", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vllm-k2 bench ab: error: argument") and option in err[-1], err
+
+
+def test_good_bench_arguments_parse():
+    a = build_parser().parse_args(["bench", "ab", "/m", "--mode", "eagle3=/d:4", "--concurrency", "1,8"])
+    assert a.concurrency == [1, 8] and a.mode == ["eagle3=/d:4"]

@@ -116,7 +116,7 @@ def _bench_ab(args: argparse.Namespace) -> int:
         modes=modes,
         prompts=load_prompts(args.prompts)[: args.limit or None],
         serve_args=shlex.split(args.serve_args or ""),
-        concurrency=[int(c) for c in args.concurrency.split(",")],
+        concurrency=args.concurrency,
         rounds=args.rounds,
         max_tokens=args.max_tokens,
     )
@@ -132,6 +132,27 @@ def _bench_mla(args: argparse.Namespace) -> int:
     from .mla.bench import main as bench_mla
 
     return bench_mla(args)
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, e.g. 1,4,8; got {text!r}")
+    return values
+
+
+def _mode(text: str) -> str:
+    """A --mode as given, its syntax checked here (argparse then names the option)."""
+    from .bench.ab import Mode
+
+    try:
+        Mode.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,13 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         action="append",
         required=True,
+        type=_mode,
         help="baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME='{speculative-config JSON}' | NAME@http://host:port",
     )
     ab.add_argument("--k", type=int, default=3, help="draft tokens where a mode does not say")
     ab.add_argument("--serve-args", default="", help="identical extra `vllm serve` arguments for every mode")
     ab.add_argument("--prompts", help="JSONL ({'prompt': ...}) or text file; default: built-in chat/code/math")
     ab.add_argument("--limit", type=int, help="use only the first N prompts")
-    ab.add_argument("--concurrency", default="1,4", help="comma list, e.g. 1,4,8")
+    ab.add_argument("--concurrency", type=_positive_ints, default=[1, 4], help="comma list, e.g. 1,4,8")
     ab.add_argument("--rounds", type=int, default=3)
     ab.add_argument("--max-tokens", type=int, default=128)
     ab.add_argument("--out", default="bench-ab", help="output directory (JSON, Markdown, PNG)")
