@@ -41,3 +41,15 @@ def test_bad_bench_arguments_are_one_error_line_and_exit_2(capsys, args, option)
 def test_good_bench_arguments_parse():
     a = build_parser().parse_args(["bench", "ab", "/m", "--mode", "eagle3=/d:4", "--concurrency", "1,8"])
     assert a.concurrency == [1, 8] and a.mode == ["eagle3=/d:4"]
+
+
+def test_one_vocabulary_for_the_target_and_json():
+    p = build_parser()
+    for stage, extra in (("prepare", ["--data", "c.jsonl"]), ("extract", ["--prepared", "p"]),
+                         ("vocab", ["--prepared", "p"])):  # fmt: skip
+        new = p.parse_args(["train", stage, "--target", "/t", "--out", "o", *extra])
+        old = p.parse_args(["train", stage, "--model", "/t", "--out", "o", *extra])  # earlier spelling still works
+        assert new.target == old.target == "/t"
+    ab = p.parse_args(["bench", "ab", "--target", "/t", "--mode", "ngram"])
+    assert ab.target_opt == "/t" and ab.target is None
+    assert p.parse_args(["train", "plan", "--json"]).format == "json"

@@ -111,8 +111,12 @@ def _bench_ab(args: argparse.Namespace) -> int:
     modes = [Mode.parse(m, k=args.k) for m in args.mode]
     if modes[0].name != "baseline" and not args.no_baseline_first:
         modes.insert(0, Mode.parse("baseline"))
+    target = args.target_opt or args.target
+    if not target:
+        print("vllm-k2 bench ab: error: the target model is missing (--target DIR or positional)", file=sys.stderr)
+        return 2
     cfg = ABConfig(
-        model=args.model,
+        model=target,
         modes=modes,
         prompts=load_prompts(args.prompts)[: args.limit or None],
         serve_args=shlex.split(args.serve_args or ""),
@@ -199,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     ab = bsub.add_parser("ab", help="baseline vs n-gram vs EAGLE-3 on live vLLM servers")
-    ab.add_argument("model", help="model to serve (ignored for modes given as NAME@URL)")
+    ab.add_argument("target", nargs="?", help="target model to serve (ignored for modes given as NAME@URL)")
+    ab.add_argument("--target", dest="target_opt", metavar="TARGET", help="the same, as an option (one vocabulary)")
     ab.add_argument(
         "--mode",
         action="append",

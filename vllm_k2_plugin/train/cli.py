@@ -26,7 +26,7 @@ def _prepare(a) -> int:
 
     return _print(
         prepare(
-            a.model,
+            a.target,
             a.data,
             a.out,
             max_len=a.max_len,
@@ -44,7 +44,7 @@ def _extract(a) -> int:
     from .extract import extract
 
     m = extract(
-        a.model,
+        a.target,
         a.prepared,
         a.out,
         layer_ids=_ids(a.layers),
@@ -60,7 +60,7 @@ def _vocab(a) -> int:
     from ..hf_config import read_text_config
     from .vocab import build_vocab
 
-    target_vocab = int(read_text_config(a.model)["vocab_size"])
+    target_vocab = int(read_text_config(a.target)["vocab_size"])
     return _print(build_vocab(a.prepared, a.out, a.size, target_vocab))
 
 
@@ -99,7 +99,9 @@ def add_train_parser(sub) -> None:
     ts = t.add_subparsers(dest="train_command", required=True)
 
     p = ts.add_parser("prepare", help="chats -> token ids + assistant loss masks (optionally regenerated)")
-    p.add_argument("--model", required=True, help="target model dir (tokenizer + chat template)")
+    p.add_argument(
+        "--target", "--model", dest="target", required=True, help="target model dir (tokenizer + chat template)"
+    )
     p.add_argument("--data", nargs="+", required=True, help=".jsonl/.json chat files or saved `datasets` dirs")
     p.add_argument("--out", required=True)
     p.add_argument("--max-len", type=int, default=2048)
@@ -112,7 +114,7 @@ def add_train_parser(sub) -> None:
     p.set_defaults(func=_prepare)
 
     x = ts.add_parser("extract", help="aux + final hidden states through vLLM into checksummed shards")
-    x.add_argument("--model", required=True)
+    x.add_argument("--target", "--model", dest="target", required=True, help="target model dir")
     x.add_argument("--prepared", required=True, help="output dir of `prepare`")
     x.add_argument("--out", required=True)
     x.add_argument("--layers", help="aux layer ids, vLLM convention (default 2,N//2,N-3)")
@@ -123,7 +125,7 @@ def add_train_parser(sub) -> None:
     x.set_defaults(func=_extract)
 
     v = ts.add_parser("vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies")
-    v.add_argument("--model", required=True)
+    v.add_argument("--target", "--model", dest="target", required=True, help="target model dir")
     v.add_argument("--prepared", required=True)
     v.add_argument("--out", required=True)
     v.add_argument("--size", type=int, default=32000)

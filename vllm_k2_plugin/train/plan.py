@@ -497,6 +497,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--calibration", help=f"measured results JSON (default {DEFAULT_CALIBRATION})")
     p.add_argument("--format", default="text", choices=["text", "markdown", "json"])
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     p.add_argument(
         "--predict-step",
         action="store_true",
