@@ -22,6 +22,7 @@ def _inject(ctx):
         huge = (8, 128, 6)
         for fp8 in (False, True):
             ctx.replace_item(configs.VARIANT_SMEM[fp8], huge, 1_000)
+            ctx.replace_item(configs.VARIANT_REGS[fp8], huge, 128)
             ctx.replace_item(configs.PREFERENCE, fp8, [huge])
         return
 

@@ -37,8 +37,11 @@ def test_every_launcher_config_compiles_and_fits(arch):
         for fp8, prefs in configs.PREFERENCE.items():
             for warps, block_n, stages in prefs:
                 cfg = configs.SplitConfig(16, configs.BLOCK_M, block_n, warps, stages, fp8)
-                shared, _, _ = aot.compile_one("split", cfg, arch)
-                assert shared <= configs.table_smem(cfg) <= SM120_LIMIT, f"{cfg}: {shared} B"
+                for direct in (False, True):
+                    shared, regs, _ = aot.compile_one("split", cfg, arch, direct=direct, ptxas=True)
+                    assert shared <= configs.table_smem(cfg) <= SM120_LIMIT, f"{cfg}: {shared} B"
+                    # the launcher's resident-slot count must never overestimate
+                    assert regs is not None and regs <= configs.VARIANT_REGS[fp8][(warps, block_n, stages)], (cfg, regs)
     for cfg in configs.all_reduce_configs():
         shared, _, _ = aot.compile_one("reduce", cfg, arch)
         assert shared <= limit

@@ -58,6 +58,7 @@ CASES = [
     (64, [300], 64, 2, False, 8),
     (128, [5, 70], 16, 1, False, 2),
     (128, [130], 64, 4, True, 3),
+    (8, [1, 5000, 999], 16, 2, False, 300),  # 157 live splits > one reduce chunk (128); empty splits
 ]
 
 
@@ -121,13 +122,60 @@ def test_real_page_stride_and_auto_splits(interpreted_results):
     assert interpreted_results["stride"] == "ok"
 
 
-def test_split_choice():
-    # batch 1, 8 heads: fill 2 x SMs programs, each split >= 256 tokens
-    assert configs.num_splits_for(1, 8, 32768, 132) == 128
-    assert configs.num_splits_for(1, 8, 131072, 132) == 256
-    assert configs.num_splits_for(1, 8, 200, 132) == 1
-    assert configs.num_splits_for(128, 64, 8192, 132) == 1  # 512 programs already
-    assert configs.num_splits_for(8, 32, 8192, 188) == 24
+H200 = configs.Device(132, 232_448, 233_472, regs_per_sm=65_536, threads_per_sm=2048, mem_gbps=4_917)
+SM120 = configs.Device(188, 101_376, 102_400, regs_per_sm=65_536, threads_per_sm=1536, mem_gbps=1_792)
+
+
+def _plan(batch, heads, q_len, ctx, device, fp8=False):
+    from vllm_k2_plugin.mla.launcher import plan
+
+    return plan(batch, heads, q_len, ctx, 16, fp8, device)
+
+
+def test_resident_slots_from_smem_and_registers():
+    cfg = configs.split_config(16, False, H200.smem_per_block)
+    assert (cfg.num_warps, cfg.block_n, cfg.num_stages) == (4, 32, 5)
+    assert configs.resident_slots(cfg, H200) == 264  # 2 per SM: 93.7 KB shared, 256 regs x 128 threads
+    assert configs.resident_slots(cfg, SM120) == 188  # 1 per SM: 100 KB per SM
+
+
+def test_split_choice_measured_optima():
+    # the H200 sweeps' best split counts for these shapes (benchmarks/results/mla_h200.md)
+    assert _plan(64, 8, 1, 8192, H200).num_splits == 4  # 256 programs; 5 would be 1.2 waves
+    assert _plan(8, 8, 1, 32768, H200).num_splits in (32, 33)  # 32 tiles per split either way
+    assert _plan(16, 8, 1, 32768, H200).num_splits == 16
+    assert _plan(1, 8, 1, 8192, H200).num_splits == 128  # 1 per SM beat 2 per SM (256) here
+    assert 200 <= _plan(1, 8, 1, 32768, H200).num_splits <= 264  # and lost at 32k
+    assert _plan(1, 8, 1, 200, H200).num_splits <= 7  # one 32-token tile per split at most
+    assert _plan(128, 64, 1, 8192, H200).num_splits == 1  # 512 programs already
+
+
+@pytest.mark.parametrize("device", [H200, SM120], ids=["h200", "sm120"])
+def test_split_choice_never_a_fraction_of_a_wave(device):
+    for fp8 in (False, True):
+        for heads, q_len in ((8, 1), (8, 4), (16, 2), (64, 1), (128, 4)):
+            for batch in (1, 2, 3, 5, 8, 13, 32, 64, 100, 256):
+                for ctx in (1, 300, 8192, 131072):
+                    p = _plan(batch, heads, q_len, ctx, device, fp8)
+                    programs = batch * configs.row_blocks(heads * q_len)
+                    slots = configs.resident_slots(p.split, device)
+                    tiles = -(-ctx // p.split.block_n)
+                    assert 1 <= p.num_splits <= max(1, tiles)
+                    if programs <= slots:
+                        assert programs * p.num_splits <= slots, (batch, heads, q_len, ctx, p.num_splits)
+
+
+def test_workspace_bound_covers_every_choice():
+    from vllm_k2_plugin.mla.launcher import Workspace
+
+    for heads, q_len in ((8, 1), (8, 4), (64, 2)):
+        bound = Workspace.bound(heads, q_len, H200, max_batch=4096)
+        worst = max(
+            b * heads * q_len * _plan(b, heads, q_len, 1 << 30, H200, fp8).num_splits
+            for b in range(1, 600)
+            for fp8 in (False, True)
+        )
+        assert bound >= worst
 
 
 @pytest.mark.parametrize("limit", [configs.SMEM_LIMITS[120], configs.SMEM_LIMITS[90], 60_000])
@@ -151,8 +199,7 @@ def test_gpu_cuda_graph_replay_equals_eager():
     from vllm_k2_plugin.mla.launcher import Workspace, device_limits, mla_decode
 
     q, kv, bt, sl, ks = make_case(8, [3000, 9000], 16, 4, True, device="cuda", seed=11)
-    sms, _ = device_limits(0)
-    ws = Workspace("cuda", Workspace.bound(8, 4, sms, max_batch=2))
+    ws = Workspace("cuda", Workspace.bound(8, 4, device_limits(0), max_batch=2))
     out = torch.empty(q.shape[0], 8, 512, dtype=q.dtype, device="cuda")
     lse = torch.empty(q.shape[0], 8, dtype=torch.float32, device="cuda")
     ctx = 16384  # the graph's context bound: the split count is fixed by it
@@ -177,6 +224,15 @@ def test_gpu_cuda_graph_replay_equals_eager():
         assert torch.equal(got_o, eo) and torch.equal(got_l, el)
         ro, _ = mla_decode_reference(q, kv, bt, sl, SM_SCALE, q_len=4, k_scale=ks)
         assert (got_o.double().cpu() - ro).norm() / ro.norm() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gpu_untuned_shapes_launcher_choice(fp8):
+    """Shapes nobody tuned for, with the launcher's own split and variant choice."""
+    check(*make_case(16, [7777], 64, 3, fp8, device="cuda", seed=5), 3, None)
+    check(*make_case(128, [3001, 17], 16, 2, fp8, device="cuda", seed=6), 2, None)
+    check(*make_case(8, [1, 300, 4097, 20000, 65537], 16, 1, fp8, device="cuda", seed=7), 1, None)
 
 
 if __name__ == "__main__":  # the interpreted run (see interpreted_results)

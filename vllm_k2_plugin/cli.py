@@ -228,10 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--heads", default="8,64")
     ml.add_argument("--q-len", default="1,4")
     ml.add_argument("--kv", default="bf16,fp8")
-    ml.add_argument("--json", help="write the raw results here")
+    ml.add_argument("--out", help="write the raw JSON here and the Markdown report beside it (.md)")
+    ml.add_argument("--json", action="store_true", help="print the raw results as JSON instead of the table")
+    ml.add_argument("--runs", type=int, default=1, help="measure every row this many times (run-to-run spread)")
+    ml.add_argument("--split-sweep", action="store_true", help="also time probes at many split counts")
+    ml.add_argument("--compare", help="a previous run's JSON: report each row's deviation from it")
     ml.add_argument("--no-stock", action="store_true", help="skip the stock kernel (no 0.16 wheel)")
-    ml.add_argument("--no-sweep", action="store_true", help="skip the split-count sweep")
-    ml.add_argument("--pick-variant", action="store_true", help="time all no-spill variants first, use the best")
+    ml.add_argument("--pick-variant", action="store_true", help="time every fitting variant first (see bench.py)")
     ml.set_defaults(func=_bench_mla)
 
     from .train.cli import add_train_parser

@@ -84,8 +84,8 @@ def shared_workspace(device: torch.device, heads: int, q_len: int) -> launcher.W
         ws = _WORKSPACES[device] = launcher.Workspace(device)
     key = (device, heads, max(q_len, MAX_Q_LEN))
     if key not in _RESERVED:
-        sms, _ = launcher.device_limits(device.index or 0)
-        ws.reserve(max(launcher.Workspace.bound(heads, ql, sms, max_batch=1 << 16) for ql in range(1, key[2] + 1)))
+        limits = launcher.device_limits(device.index or 0)
+        ws.reserve(max(launcher.Workspace.bound(heads, ql, limits, max_batch=1 << 16) for ql in range(1, key[2] + 1)))
         _RESERVED.add(key)
     return ws
 

@@ -7,9 +7,11 @@ the launcher takes the most preferred variant whose number fits the device's opt
 limit, read at run time from Triton's device properties. That is what keeps fp8 inside
 sm_120's 101,376 B (upstream's fp8 path needed 102,400 B at 2 stages, vLLM #53748).
 
-Split count: enough (request x row-block x split) programs to fill the GPU twice over,
-but no split shorter than MIN_SPLIT_TOKENS (a split costs a partial write and a
-reduction read of 2 KiB per row). Under CUDA graphs the caller passes the maximum
+Split count (``num_splits_for``): the programs a launch can keep resident at once (its
+"slots": SMs x blocks per SM, from the variant's shared memory and registers against the
+device's per-SM limits) are filled in whole waves, never by a fraction of a wave, and
+each split's walk is as short as ``launch_cost_us`` says pays (its constants were fit to
+the committed H200 split sweep). Under CUDA graphs the caller passes the maximum
 context, so the count is a function of the captured batch size alone.
 """
 
@@ -29,8 +31,8 @@ BLOCK_M = 16
 #: Triton 3.6 and 3.9 compile it for sm_120 and sm_90 (identical numbers; ``aot``
 #: recompiles each entry and tests/test_mla_aot.py fails if the installed Triton needs
 #: more). Only variants whose split path has no register spills on sm_120 (ptxas -v)
-#: are listed: BLOCK_N = 64 at 4 warps and 32/64-row blocks spill. (4, 32, 5) spills
-#: 16 B in its one-split (DIRECT) form, which only large batches use. Triton's pipeliner keeps the
+#: #: are listed: BLOCK_N = 64 at 4 warps and 32/64-row blocks spill. fp8 (8, 64, 2) spills
+#: 12 B in its one-split (DIRECT) form (Triton 3.9), which only large batches use. Triton's pipeliner keeps the
 #: latent tile single-buffered up to 4 stages and double-buffers it at 5.
 VARIANT_SMEM = {
     False: {
@@ -54,19 +56,65 @@ VARIANT_SMEM = {
     },
 }
 #: Launcher preference per KV dtype, best first; the first variant whose shared memory
-#: fits the device's limit is used. Order from the H200 variant sweep (CUDA-graph
-#: timings, benchmarks/results/mla_h200.md): bf16 (4, 32, 5) was fastest (geomean of
-#: three probes 168 us vs 201 us for (8, 32, 5)); for fp8 (8, 64, 2) was fastest (173 vs
-#: 247 us) but its numerics were not checked on a GPU yet, so fp8 stays on the
-#: GPU-verified (8, 32, 5) until they are.
+#: fits the device's limit is used. From the H200 variant sweep in
+#: benchmarks/results/mla_h200.md (kernel-only geomean over four probes, with the
+#: launcher's split choice; tests/test_mla_results.py checks the first entries against it).
 PREFERENCE = {
     False: [(4, 32, 5), (8, 64, 2), (8, 32, 5), (4, 32, 2), (4, 16, 2)],
-    True: [(8, 32, 5), (8, 64, 2), (8, 32, 2), (4, 16, 2)],
+    True: [(8, 64, 2), (8, 32, 5), (8, 32, 2), (4, 16, 2)],
 }
-MIN_SPLIT_TOKENS = 256
-MAX_SPLITS = 256
-CTAS_PER_SM = 2
-REDUCE_SPLITS_P2 = tuple(2**i for i in range(1, 9))  # 2 .. 256
+MAX_SPLITS = 512
+#: Cost model of one launch (µs), fit to the H200 split sweep (benchmarks/results/
+#: mla_h200.md; it picks within 2.5 % of the best measured split count in every series):
+#: each program co-resident on an SM adds a fixed part (launch ramp, query and block-table
+#: loads, partial write), and a tile walk costs the larger of a latency floor and the
+#: tile's share of the memory bandwidth at the launch's concurrency.
+FIXED_US_PER_RESIDENT = 2.0
+TILE_LATENCY_US = 1.5
+#: Share of the DRAM peak (from memory clock x bus width) a streaming read reaches.
+STREAM_EFFICIENCY = 0.82
+#: When programs already exceed the slots, splitting only evens out the waves (and from
+#: this many waves on, not at all).
+MAX_SPLITS_OVER_A_WAVE = 8
+#: Registers per thread of each variant: the larger of sm_120 (ptxas via aot, both the
+#: split and the one-split form) and the H200 compile (Triton 3.6), rounded up to the
+#: allocation unit of 8; tests/test_mla_aot.py fails if a compile needs more.
+VARIANT_REGS = {
+    False: {
+        (4, 32, 2): 256,
+        (4, 32, 3): 256,
+        (4, 32, 5): 256,
+        (8, 32, 2): 152,
+        (8, 32, 5): 168,
+        (8, 64, 2): 176,
+        (8, 64, 3): 192,
+        (4, 16, 2): 200,
+        (4, 16, 5): 200,
+    },
+    True: {
+        (8, 32, 2): 208,
+        (8, 32, 5): 216,
+        (8, 64, 2): 256,
+        (8, 64, 3): 256,
+        (4, 16, 2): 240,
+        (4, 16, 5): 256,
+    },
+}
+REDUCE_SPLITS_P2 = tuple(2**i for i in range(1, 8))  # 2 .. 128: the chunk the reduction loads at once
+#: Shared memory the CUDA runtime reserves per resident block (sm_80 and later).
+SMEM_RESERVED_PER_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the launcher needs to know of a GPU (from torch's device properties)."""
+
+    sm_count: int
+    smem_per_block: int  # opt-in limit of one block
+    smem_per_sm: int
+    regs_per_sm: int = 65536
+    threads_per_sm: int = 1536
+    mem_gbps: float = 1800.0  # DRAM peak
 
 
 @dataclass(frozen=True)
@@ -106,22 +154,54 @@ def table_smem(cfg: SplitConfig) -> int:
     return VARIANT_SMEM[cfg.fp8][(cfg.num_warps, cfg.block_n, cfg.num_stages)]
 
 
+def resident_slots(cfg: SplitConfig, device: Device) -> int:
+    """Programs of ``cfg`` the whole device keeps resident at once."""
+    key = (cfg.num_warps, cfg.block_n, cfg.num_stages)
+    threads = 32 * cfg.num_warps
+    by_smem = device.smem_per_sm // (VARIANT_SMEM[cfg.fp8][key] + SMEM_RESERVED_PER_BLOCK)
+    by_regs = device.regs_per_sm // (VARIANT_REGS[cfg.fp8][key] * threads)
+    by_threads = device.threads_per_sm // threads
+    return device.sm_count * max(1, min(by_smem, by_regs, by_threads))
+
+
 def reduce_config(num_splits: int) -> ReduceConfig:
-    p2 = max(2, 1 << (num_splits - 1).bit_length())
-    # keep the [splits x block_dv] fp32 tile at <= 16K elements (128 registers/thread)
-    block_dv = max(64, min(512, 16384 // p2))
-    return ReduceConfig(p2, block_dv, 4)
+    chunk = min(REDUCE_SPLITS_P2[-1], max(2, 1 << (num_splits - 1).bit_length()))
+    # keep the [chunk x block_dv] fp32 tile at <= 8K elements (64 registers/thread)
+    block_dv = max(64, min(512, 8192 // chunk))
+    return ReduceConfig(chunk, block_dv, 4)
 
 
 def all_reduce_configs() -> list[ReduceConfig]:
     return [reduce_config(p2) for p2 in REDUCE_SPLITS_P2]
 
 
-def num_splits_for(batch: int, rows: int, context: int, sm_count: int) -> int:
-    """KV splits per request: fill CTAS_PER_SM x SMs programs, splits >= MIN_SPLIT_TOKENS."""
+def launch_cost_us(batch: int, rows: int, context: int, splits: int, cfg: SplitConfig, device: Device) -> float:
+    """Modelled time of one split-kernel launch (see the cost model's constants)."""
+    slots = resident_slots(cfg, device)
+    programs = batch * row_blocks(rows) * splits
+    waves = -(-programs // slots)
+    concurrent = min(programs, slots)
+    per_sm = -(-concurrent // device.sm_count)
+    per_split = -(-context // splits)
+    tiles = -(-per_split // cfg.block_n)  # the kernel rounds a split up to whole tiles
+    tile_bytes = cfg.block_n * 576 * (1 if cfg.fp8 else 2)
+    stream_us = concurrent * tile_bytes / (STREAM_EFFICIENCY * device.mem_gbps * 1e3)
+    return waves * (FIXED_US_PER_RESIDENT * per_sm + tiles * max(TILE_LATENCY_US, stream_us))
+
+
+def num_splits_for(batch: int, rows: int, context: int, cfg: SplitConfig, device: Device) -> int:
+    """KV splits per request: never a fraction of a wave more than needed (at most one
+    wave when the requests alone fit in one), the cheapest by ``launch_cost_us``; ties
+    go to fewer splits (less reduction work)."""
+    slots = resident_slots(cfg, device)
     programs = batch * row_blocks(rows)
-    target = CTAS_PER_SM * sm_count
-    if programs >= target or context <= MIN_SPLIT_TOKENS:
-        return 1
-    want = -(-target // programs)
-    return max(1, min(want, context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+    if programs >= slots * MAX_SPLITS_OVER_A_WAVE:
+        return 1  # many waves: the last one's idle share is small already
+    tiles = -(-max(context, 1) // cfg.block_n)
+    limit = slots // programs if programs <= slots else MAX_SPLITS_OVER_A_WAVE
+    best, best_cost = 1, float("inf")
+    for s in range(1, max(1, min(limit, tiles, MAX_SPLITS)) + 1):
+        cost = launch_cost_us(batch, rows, context, s, cfg, device)
+        if cost < best_cost * (1 - 1e-9):
+            best, best_cost = s, cost
+    return best

@@ -20,7 +20,8 @@ Each split writes its normalised partial output (fp32) and its natural-log LSE
 With one split the program writes the final output and LSE directly (DIRECT).
 
 Stage 2 (``mla_decode_reduce``): one program per (row, 512-column block) merges the
-splits by their LSEs. Splits whose LSE is -inf are masked out of the loads.
+splits by their LSEs, a chunk of splits at a time (any split count, bounded registers).
+Splits whose LSE is -inf are masked out of the loads.
 """
 
 from __future__ import annotations
@@ -159,29 +160,34 @@ def mla_decode_reduce(
     stride_o_head,
     num_heads,
     num_splits,
-    SPLITS_P2: tl.constexpr,
+    SPLITS_P2: tl.constexpr,  # splits loaded at once (a power of two); more are looped over
     BLOCK_DV: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # = token * heads + head
     pid_d = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_P2)
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    s_ok = offs_s < num_splits
+    base = row * num_splits
 
-    lse_s = tl.load(WS_LSE + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
-    lse_max = tl.max(lse_s, 0)
+    lse_max = float("-inf")
+    for s0 in range(0, num_splits, SPLITS_P2):
+        offs_s = s0 + tl.arange(0, SPLITS_P2)
+        lse_s = tl.load(WS_LSE + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+        lse_max = tl.maximum(lse_max, tl.max(lse_s, 0))
     any_key = lse_max > float("-inf")
     safe_max = tl.where(any_key, lse_max, 0.0)
-    w = tl.exp(lse_s - safe_max)  # 0 for empty splits
-    live = s_ok & (lse_s > float("-inf"))
-    part = tl.load(
-        WS_OUT + (row * num_splits + offs_s)[:, None] * D_NOPE + offs_d[None, :],
-        mask=live[:, None],
-        other=0.0,
-    )
-    w_sum = tl.sum(w, 0)
+
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    w_sum = 0.0
+    for s0 in range(0, num_splits, SPLITS_P2):
+        offs_s = s0 + tl.arange(0, SPLITS_P2)
+        lse_s = tl.load(WS_LSE + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+        w = tl.exp(lse_s - safe_max)  # 0 for empty splits
+        live = (offs_s < num_splits) & (lse_s > float("-inf"))
+        part = tl.load(WS_OUT + (base + offs_s)[:, None] * D_NOPE + offs_d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(part * w[:, None], 0)
+        w_sum += tl.sum(w, 0)
     inv = tl.where(any_key, 1.0 / tl.where(any_key, w_sum, 1.0), 0.0)
-    out = tl.sum(part * w[:, None], 0) * inv
+    out = acc * inv
 
     tok = row // num_heads
     head = row % num_heads

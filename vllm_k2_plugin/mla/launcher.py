@@ -16,8 +16,9 @@ import torch
 
 from . import configs
 
-#: What an interpreted (CPU) run pretends to be: small SM count so tests see splits.
-INTERPRET_DEVICE = {"multiprocessor_count": 4, "max_shared_mem": configs.SMEM_LIMITS[120]}
+#: What an interpreted (CPU) run pretends to be: an sm_120-like GPU with few SMs, so
+#: tests see splits.
+INTERPRET_DEVICE = configs.Device(sm_count=4, smem_per_block=configs.SMEM_LIMITS[120], smem_per_sm=102_400)
 
 
 def interpreting() -> bool:
@@ -25,14 +26,23 @@ def interpreting() -> bool:
 
 
 @functools.cache
-def device_limits(index: int) -> tuple[int, int]:
-    """(SM count, opt-in shared memory per block) from Triton's device properties."""
+def device_limits(index: int) -> configs.Device:
+    """SM count and per-block / per-SM limits of CUDA device ``index``."""
     if interpreting() or not torch.cuda.is_available():
-        return INTERPRET_DEVICE["multiprocessor_count"], INTERPRET_DEVICE["max_shared_mem"]
+        return INTERPRET_DEVICE
     import triton
 
     props = triton.runtime.driver.active.utils.get_device_properties(index)
-    return int(props["multiprocessor_count"]), int(props["max_shared_mem"])
+    tp = torch.cuda.get_device_properties(index)
+    return configs.Device(
+        sm_count=int(props["multiprocessor_count"]),
+        smem_per_block=int(props["max_shared_mem"]),
+        smem_per_sm=int(getattr(tp, "shared_memory_per_multiprocessor", props["max_shared_mem"])),
+        regs_per_sm=int(getattr(tp, "regs_per_multiprocessor", 65536)),
+        threads_per_sm=int(getattr(tp, "max_threads_per_multi_processor", 1536)),
+        # DDR: two transfers per clock (kHz) over the bus width (bits)
+        mem_gbps=2 * int(props["mem_clock_rate"]) * 1e3 * int(props["mem_bus_width"]) / 8 / 1e9,
+    )
 
 
 @functools.cache
@@ -65,13 +75,12 @@ class Plan:
     rows: int  # query tokens x heads per request
 
 
-def plan(
-    batch: int, num_heads: int, q_len: int, context: int, page: int, fp8: bool, sm_count: int, max_smem: int
-) -> Plan:
+def plan(batch: int, num_heads: int, q_len: int, context: int, page: int, fp8: bool, device: configs.Device) -> Plan:
     rows = q_len * num_heads
-    splits = configs.num_splits_for(batch, rows, context, sm_count)
+    cfg = configs.split_config(page, fp8, device.smem_per_block)
+    splits = configs.num_splits_for(batch, rows, context, cfg, device)
     reduce = configs.reduce_config(splits) if splits > 1 else None
-    return Plan(configs.split_config(page, fp8, max_smem), reduce, splits, rows)
+    return Plan(cfg, reduce, splits, rows)
 
 
 class Workspace:
@@ -89,15 +98,17 @@ class Workspace:
             self.lse = torch.empty((n,), dtype=torch.float32, device=self.device)
 
     @staticmethod
-    def bound(num_heads: int, q_len: int, sm_count: int, max_batch: int) -> int:
-        """Largest tokens x heads x splits num_splits_for can ask for, any context."""
+    def bound(num_heads: int, q_len: int, device: configs.Device, max_batch: int, page: int = 16) -> int:
+        """Largest tokens x heads x splits the launcher can ask for, any context, either KV dtype."""
         rows = num_heads * q_len
         worst = 0
-        for batch in range(1, max_batch + 1):
-            s = configs.num_splits_for(batch, rows, 1 << 40, sm_count)
-            worst = max(worst, batch * rows * s if s > 1 else 0)
-            if s == 1:
-                break
+        for fp8 in (False, True):
+            for batch in range(1, max_batch + 1):
+                s = plan(batch, num_heads, q_len, 1 << 40, page, fp8, device).num_splits
+                worst = max(worst, batch * rows * s if s > 1 else 0)
+                slots = configs.resident_slots(configs.split_config(page, fp8, device.smem_per_block), device)
+                if batch * configs.row_blocks(rows) >= slots * configs.MAX_SPLITS_OVER_A_WAVE:
+                    break  # num_splits_for gives 1 from here on
         return worst
 
 
@@ -135,10 +146,9 @@ def mla_decode(
     page = kv_cache.shape[1]
     fp8 = kv_cache.dtype in (torch.float8_e4m3fn,)
     assert not fp8 or k_scale is not None, "fp8 KV needs k_scale"
-    sm_count, max_smem = device_limits(_device_index(q))
     if context is None:
         context = block_table.shape[1] * page
-    p = plan(batch, heads, q_len, context, page, fp8, sm_count, max_smem)
+    p = plan(batch, heads, q_len, context, page, fp8, device_limits(_device_index(q)))
     if num_splits is not None:
         p.num_splits = num_splits
         p.reduce = configs.reduce_config(num_splits) if num_splits > 1 else None

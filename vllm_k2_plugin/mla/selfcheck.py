@@ -54,27 +54,28 @@ class EngineShape:
         )
 
 
-def split_counts(shape: EngineShape, sm_count: int) -> list[int]:
+def split_counts(shape: EngineShape, device: configs.Device) -> list[int]:
     """One split count per reduce kernel the launcher can pick for this engine (the reduce
-    kernel is compiled per power-of-two bound), plus 1 (the one-split form)."""
-    by_p2: dict[int, int] = {}
+    kernel is compiled per chunk size), the largest such count (the reduction's chunk
+    loop at its longest), plus 1 (the one-split form)."""
+    by_reduce: dict[configs.ReduceConfig, int] = {}
     for q_len in shape.q_lens:
         for batch in range(1, shape.max_batch + 1):
-            s = configs.num_splits_for(batch, q_len * shape.heads, shape.max_context, sm_count)
-            if s == 1:
-                break
-            by_p2.setdefault(configs.reduce_config(s).splits_p2, s)
-    return [1] + sorted(by_p2.values())
+            s = launcher.plan(batch, shape.heads, q_len, shape.max_context, shape.page, shape.fp8, device).num_splits
+            if s > 1:
+                rc = configs.reduce_config(s)
+                by_reduce[rc] = max(by_reduce.get(rc, 0), s)
+    return [1] + sorted(by_reduce.values())
 
 
 def check(shape: EngineShape, device: torch.device) -> None:
     """Run every kernel form ``shape`` needs on ``device``; raise on the first mismatch."""
-    sm_count, _ = launcher.device_limits(device.index or 0 if device.type == "cuda" else 0)
+    limits = launcher.device_limits(device.index or 0 if device.type == "cuda" else 0)
     for q_len in shape.q_lens:
         seqs = [max(s, q_len) for s in CHECK_SEQS]
         case = random_case(shape.heads, seqs, shape.page, q_len, shape.fp8, device=device, seed=q_len)
         ref = mla_decode_reference(*case[:4], SM_SCALE, q_len=q_len, k_scale=case[4])
-        for splits in split_counts(shape, sm_count):
+        for splits in split_counts(shape, limits):
             q = case[0]
             out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=q.dtype, device=device)
             lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)
