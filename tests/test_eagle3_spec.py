@@ -55,7 +55,7 @@ def _spec_job(k25_model, draft=None):
 
 @pytest.fixture(scope="module")
 def latest_runs(k25_model, drafts, tmp_path_factory):
-    env = engine_env(VLLM_MLA_DISABLE="1")
+    env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD="0")  # fixed k=3: the mechanics, not the guard
     runs = {}
     for name, draft in [("baseline", None)] + sorted(drafts.items()):
         r = run_engine_job(tmp_path_factory.mktemp(f"spec-{name}"), _spec_job(k25_model, draft), env)

@@ -118,7 +118,7 @@ def _bench_ab(args: argparse.Namespace) -> int:
     cfg = ABConfig(
         model=target,
         modes=modes,
-        prompts=load_prompts(args.prompts)[: args.limit or None],
+        prompts=load_prompts(args.prompts, target)[: args.limit or None],
         serve_args=shlex.split(args.serve_args or ""),
         concurrency=args.concurrency,
         rounds=args.rounds,
@@ -210,11 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         type=_mode,
-        help="baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME='{speculative-config JSON}' | NAME@http://host:port",
+        help="baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME='{speculative-config JSON}' | NAME@http://host:port;"
+        " append +guard to let the speculation guard pick k per step (without it: fixed k)",
     )
     ab.add_argument("--k", type=int, default=3, help="draft tokens where a mode does not say")
     ab.add_argument("--serve-args", default="", help="identical extra `vllm serve` arguments for every mode")
-    ab.add_argument("--prompts", help="JSONL ({'prompt': ...}) or text file; default: built-in chat/code/math")
+    ab.add_argument(
+        "--prompts",
+        help="JSONL ({'prompt': ...}) or text file, or random[:N] (random token ids); default: built-in chat/code/math",
+    )
     ab.add_argument("--limit", type=int, help="use only the first N prompts")
     ab.add_argument("--concurrency", type=_positive_ints, default=[1, 4], help="comma list, e.g. 1,4,8")
     ab.add_argument("--rounds", type=int, default=3)

@@ -17,6 +17,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.gguf.patch",
     "vllm_k2_plugin.speculators_compat.patch",
     "vllm_k2_plugin.mla.patch",
+    "vllm_k2_plugin.spec_guard.patch",
 )
 
 

@@ -22,6 +22,9 @@ ENV_EXTRA_PATCH_MODULES = "VLLM_K2_EXTRA_PATCH_MODULES"
 #: what it applied (who loaded the plugin, which patches, their states).
 ENV_TRACE_DIR = "VLLM_K2_TRACE_DIR"
 
+#: 0 = no speculation guard: vLLM speculates with the configured k at every step.
+ENV_SPEC_GUARD = "VLLM_K2_SPEC_GUARD"
+
 #: GGUF force-dequant globs (or "all"); --model-loader-extra-config takes precedence.
 ENV_GGUF_FORCE_DEQUANT = "VLLM_K2_GGUF_FORCE_DEQUANT"
 
@@ -35,6 +38,11 @@ def _flag(name: str) -> bool:
 def _csv(name: str) -> frozenset[str]:
     raw = os.environ.get(name, "")
     return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def spec_guard_enabled() -> bool:
+    """The guard is on unless VLLM_K2_SPEC_GUARD is set to a false value."""
+    return os.environ.get(ENV_SPEC_GUARD, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -64,4 +72,5 @@ DOCUMENTED = (
     (ENV_EXTRA_PATCH_MODULES, "comma list of modules whose import registers extra patches"),
     (ENV_TRACE_DIR, "directory for one JSON record per process that loaded the plugin"),
     (ENV_GGUF_FORCE_DEQUANT, "GGUF tensors to dequantize at load: globs or 'all'"),
+    (ENV_SPEC_GUARD, "0 = speculate with the configured k at every step (default: the guard picks k, 0 = off)"),
 )

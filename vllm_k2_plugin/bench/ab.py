@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from ..settings import ENV_SPEC_GUARD
 from .client import run_load
 from .metrics import scrape
 from .server import ServerFailed, vllm_server
@@ -19,10 +21,24 @@ class Mode:
     name: str
     spec: dict | None  # --speculative-config, None for the baseline
     url: str | None = None  # a server the user already runs
+    env: dict = field(default_factory=dict)  # set for this mode's server
 
     @classmethod
     def parse(cls, text: str, k: int = 3) -> Mode:
-        """baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME={json} | NAME@http://host:port"""
+        """baseline | ngram[:k] | eagle3=DRAFT_DIR[:k] | NAME={json} | NAME@http://host:port;
+        a speculative mode speculates with its fixed k unless it ends in ``+guard`` (the
+        speculation guard picks k per step)."""
+        guard = text.endswith("+guard")
+        mode = cls._parse(text[: -len("+guard")] if guard else text, k)
+        if mode.spec is not None:
+            mode.env = {ENV_SPEC_GUARD: "1" if guard else "0"}
+            mode.name += "+guard" if guard else ""
+        elif guard:
+            raise ValueError(f"--mode {text!r}: +guard needs a speculative mode")
+        return mode
+
+    @classmethod
+    def _parse(cls, text: str, k: int) -> Mode:
         if "@http" in text:
             name, url = text.split("@", 1)
             return cls(name, None, url.rstrip("/"))
@@ -124,7 +140,8 @@ def run_ab(cfg: ABConfig, progress: bool = True) -> dict:
                 args = list(cfg.serve_args) + ["--served-model-name", cfg.served_model_name]
                 if mode.spec:
                     args += ["--speculative-config", json.dumps(mode.spec)]
-                with vllm_server(cfg.model, args, env=cfg.env) as url:
+                env = {**(cfg.env if cfg.env is not None else os.environ), **mode.env}
+                with vllm_server(cfg.model, args, env=env) as url:
                     rounds[rnd][mode.name] = _run_mode(cfg, mode, url)
         except (ServerFailed, OSError, ValueError) as e:
             rounds[rnd][mode.name] = {"error": f"{type(e).__name__}: {e}"[:4000]}
@@ -134,7 +151,7 @@ def run_ab(cfg: ABConfig, progress: bool = True) -> dict:
 def _config_json(cfg: ABConfig) -> dict:
     return {
         "model": cfg.model,
-        "modes": [{"name": m.name, "speculative_config": m.spec, "url": m.url} for m in cfg.modes],
+        "modes": [{"name": m.name, "speculative_config": m.spec, "url": m.url, "env": m.env} for m in cfg.modes],
         "serve_args": cfg.serve_args,
         "concurrency": cfg.concurrency,
         "rounds": cfg.rounds,

@@ -17,11 +17,31 @@ BUILTIN: list[dict] = [
 ]
 
 
-def load_prompts(path: str | None) -> list[dict]:
-    """The built-in set, or a user file: JSONL of {"prompt": ...} (optional "kind") or
-    plain text, one prompt per line."""
+def random_token_prompts(tokenizer_dir: str, n: int = 12, length: int = 48, seed: int = 0) -> list[dict]:
+    """Prompts of uniformly random token ids (decoded with the target's tokenizer): text no
+    drafter has a pattern for, so drafts are (nearly) never accepted."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=True)
+    special = set(tok.all_special_ids)
+    ids = [i for i in range(len(tok)) if i not in special]
+    rng = random.Random(seed)
+    return [{"kind": "random", "prompt": tok.decode(rng.choices(ids, k=length))} for _ in range(n)]
+
+
+def load_prompts(path: str | None, model: str | None = None) -> list[dict]:
+    """The built-in set; ``random[:N]``: N prompts of random token ids of ``model``'s
+    tokenizer; or a user file: JSONL of {"prompt": ...} (optional "kind") or plain text,
+    one prompt per line."""
     if not path:
         return list(BUILTIN)
+    if path == "random" or path.startswith("random:"):
+        n = int(path.split(":", 1)[1]) if ":" in path else 12
+        if model is None:
+            raise ValueError("--prompts random needs the target model (its tokenizer)")
+        return random_token_prompts(model, n)
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):

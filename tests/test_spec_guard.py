@@ -1,0 +1,124 @@
+"""The speculation guard: the controller on simulated steps (pure Python), and inside a
+real latest-CPU vLLM engine with a drafter whose drafts are (nearly) never accepted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_k2_plugin.spec_guard.controller import SpecGuard, bucket_of
+
+from .conftest import SMALL_ENGINE, engine_env, run_engine_job
+
+
+def simulate(guard: SpecGuard, acceptance, step_ms, steps: int = 600, batch: int = 1, seed: int = 0):
+    """Tokens per ms over ``steps`` decode steps of one request each; draft position i is
+    accepted with probability acceptance[i] (a float: the same for all) once the earlier
+    ones were; step_ms(k) the step cost."""
+    rng = random.Random(seed)
+    probs = acceptance if isinstance(acceptance, list) else [acceptance] * guard.max_k
+    tokens = ms = 0.0
+    for _ in range(steps):
+        k = guard.k_for(batch)
+        accepted = 0
+        while accepted < k and rng.random() < probs[accepted]:
+            accepted += 1
+        if k:
+            guard.observe_drafts([1 if i < k else 0 for i in range(guard.max_k)],
+                                 [1 if i < accepted else 0 for i in range(guard.max_k)])  # fmt: skip
+        t = step_ms(k) * (1 + rng.gauss(0, 0.02))
+        guard.observe_step(batch, k, t)
+        tokens += 1 + accepted
+        ms += t
+    return tokens / ms
+
+
+def test_turns_speculation_off_when_nothing_is_accepted():
+    guard = SpecGuard(3)
+    rate = simulate(guard, 0.0, lambda k: 10 + 1.2 * k)
+    assert [(d.old_k, d.new_k) for d in guard.decisions] == [(3, 0)]
+    assert rate >= 0.97 * (1 / 10)  # the probes cost little
+    fixed = simulate(SpecGuard(3, probe_every=10**9, warmup=10**9), 0.0, lambda k: 10 + 1.2 * k)
+    assert fixed < 0.75 * (1 / 10)  # what speculating anyway costs
+
+
+def test_keeps_full_k_when_speculation_pays():
+    guard = SpecGuard(3)
+    simulate(guard, 0.8, lambda k: 10 + 1.0 * k)
+    assert guard.decisions == [] and guard.k_for(1) in (0, 3)
+    assert guard._buckets[0].k == 3
+
+
+def test_picks_the_middle_k_from_interpolated_costs():
+    guard = SpecGuard(3)
+    # through-rates 0.9, 0.77, 0.04: k=2 gives 2.67 tokens per 14 ms, k=3 2.70 per 16 ms
+    simulate(guard, [0.9, 0.85, 0.05], lambda k: 10 + 2 * k)
+    assert guard._buckets[0].k == 2
+    assert set(guard._buckets[0].step_ms) == {0, 2, 3}  # k=1 costed by interpolation only
+
+
+def test_hysteresis_no_flapping_between_near_equal_k():
+    guard = SpecGuard(1)
+    # k=1 is 2 % better than k=0 (1.3 tokens per 12.75 ms vs 1 per 10): within the margin,
+    # so at most one (harmless) switch in 3,000 noisy steps, never back and forth
+    rate = simulate(guard, 0.3, lambda k: 10 + 2.75 * k, steps=3000)
+    assert len(guard.decisions) <= 1
+    assert rate >= 0.97 * 1.3 / 12.75
+
+
+def test_buckets_are_independent_and_a_switch_back_happens():
+    assert [bucket_of(b) for b in (1, 2, 3, 4, 7, 8)] == [0, 1, 1, 2, 2, 3]
+    guard = SpecGuard(3, probe_every=32)
+    simulate(guard, 0.0, lambda k: 10 + 1.2 * k, batch=1)
+    simulate(guard, 0.0, lambda k: 10 + 1.2 * k, batch=8)
+    assert guard._buckets[0].k == 0 and guard._buckets[3].k == 0
+    assert 1 not in guard._buckets  # batch 2-3 never seen: starts at full k
+    assert guard.k_for(2) == 3
+    # the text becomes predictable: the probes at full k see it and the guard switches back
+    simulate(guard, 0.9, lambda k: 10 + 1.0 * k, batch=1, steps=1000, seed=1)
+    assert guard._buckets[0].k == 3
+
+
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):"]
+
+
+@pytest.fixture(scope="module")
+def guard_runs(fixture_root, tmp_path_factory):
+    from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
+
+    # the trained target writes real code; a random-weight drafter's drafts are (nearly) never accepted
+    target = build_fixture("trained-k25", str(fixture_root / "trained-k25"))
+    draft = build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)
+    runs = {}
+    for name, flag in (("off", "0"), ("on", "1")):
+        job = {
+            "model": target,
+            "prompts": PROMPTS,
+            "max_tokens": 96,
+            "logprobs": None,
+            "metrics": True,
+            "llm_kwargs": dict(
+                SMALL_ENGINE,
+                max_num_seqs=1,
+                disable_log_stats=False,
+                speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": 3},
+            ),  # fmt: skip
+        }
+        env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD=flag)
+        r = run_engine_job(tmp_path_factory.mktemp(f"guard-{name}"), job, env, timeout=900)
+        assert r["ok"], (name, r.get("traceback") or r["log"][-4000:])
+        runs[name] = r
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_latest
+def test_engine_guard_turns_off_unaccepted_speculation_losslessly(guard_runs):
+    on, off = guard_runs["on"], guard_runs["off"]
+    assert on["patches"]["spec-guard"] == "applied" and off["patches"]["spec-guard"] == "not-applicable"
+    assert "speculation guard on (k <= 3" in on["log"]
+    assert "k 3 -> 0" in on["log"], (off["metrics"], on["log"][-3000:])
+    assert [o["token_ids"] for o in on["outputs"]] == [o["token_ids"] for o in off["outputs"]]
+    drafts_on, drafts_off = on["metrics"]["vllm:spec_decode_num_drafts"], off["metrics"]["vllm:spec_decode_num_drafts"]
+    assert drafts_on < drafts_off, (drafts_on, drafts_off)  # after the switch only its probes draft

@@ -1,0 +1,149 @@
+"""Which number of speculative tokens k (0 = no speculation) to schedule next.
+
+Per batch-size bucket (1, 2-3, 4-7, ...): an exponential moving average of the measured
+step time at each k, and a moving window of vLLM's acceptance counts per draft position
+(shared by all buckets: acceptance depends on the text, not on the batch). The expected
+tokens per request-step at k are 1 + sum of the first k positions' acceptance rates
+(a position counts as accepted only when every earlier one was), so the throughput at k
+is that over the step time. The guard moves to the best k only when it beats the current
+one by ``margin`` at ``patience`` consecutive steps (hysteresis). A k whose step time was never measured is costed by
+linear interpolation between measured ones; short probes (``probe_len`` steps, the first
+after ``warmup`` steps, then at doubling intervals up to ``probe_every``) keep the
+estimates of the k not in use fresh: k = 0 for its step time, the largest k for
+acceptance.
+
+Pure Python, no vLLM: the scheduler patch feeds it and reads its table.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+def bucket_of(batch: int) -> int:
+    """1 -> 0, 2-3 -> 1, 4-7 -> 2, ..."""
+    return max(1, batch).bit_length() - 1
+
+
+@dataclass
+class Decision:
+    bucket: int
+    old_k: int
+    new_k: int
+    tokens_per_ms: dict[int, float]
+
+
+@dataclass
+class _Bucket:
+    k: int
+    step_ms: dict[int, float] = field(default_factory=dict)
+    steps: int = 0
+    probe_left: int = 0
+    probe_k: int = 0
+    next_probe: int = 0
+    interval: int = 0
+    candidate: int | None = None
+    streak: int = 0
+
+
+class SpecGuard:
+    def __init__(
+        self,
+        max_k: int,
+        window: int = 64,
+        margin: float = 0.05,
+        patience: int = 16,
+        ema: float = 0.2,
+        probe_every: int = 128,
+        probe_len: int = 3,
+        warmup: int = 8,
+    ):
+        if max_k < 1:
+            raise ValueError(f"max_k must be >= 1, got {max_k}")
+        self.max_k = max_k
+        self.margin, self.ema, self.patience = margin, ema, patience
+        self.probe_every, self.probe_len, self.warmup = probe_every, probe_len, warmup
+        #: (drafted, accepted) per position of the last ``window`` steps that drafted
+        self._accept: deque[tuple[list[int], list[int]]] = deque(maxlen=window)
+        self._buckets: dict[int, _Bucket] = {}
+        self.decisions: list[Decision] = []
+
+    # -- what the scheduler asks -------------------------------------------------
+    def k_for(self, batch: int) -> int:
+        """k for the next step of a batch of this size (a probe when one is due)."""
+        b = self._bucket(batch)
+        return b.probe_k if b.probe_left > 0 else b.k
+
+    # -- what the scheduler tells ------------------------------------------------
+    def observe_step(self, batch: int, k: int, step_ms: float) -> Decision | None:
+        """One decode step of ``batch`` requests scheduled with ``k`` took ``step_ms``."""
+        b = self._bucket(batch)
+        prev = b.step_ms.get(k)
+        b.step_ms[k] = step_ms if prev is None else (1 - self.ema) * prev + self.ema * step_ms
+        b.steps += 1
+        if b.probe_left > 0:
+            b.probe_left -= 1
+            return None
+        if b.steps >= b.next_probe:
+            b.probe_k = 0 if b.k > 0 else self.max_k
+            b.probe_left = self.probe_len
+            b.interval = min(self.probe_every, max(self.warmup, 2 * b.interval))
+            b.next_probe = b.steps + self.probe_len + b.interval
+            return None
+        return self._decide(bucket_of(batch), b)
+
+    def observe_drafts(self, drafted_per_position: list[int], accepted_per_position: list[int]) -> None:
+        """vLLM's acceptance counts of one step: for each draft position, how many requests
+        drafted it and how many had it (and every earlier one) accepted."""
+        if any(drafted_per_position):
+            self._accept.append((list(drafted_per_position), list(accepted_per_position)))
+
+    # -- the model -----------------------------------------------------------------
+    def acceptance(self) -> list[float]:
+        """Per position over the window: accepted through it / drafted (0 if never drafted)."""
+        drafted, accepted = [0] * self.max_k, [0] * self.max_k
+        for d, a in self._accept:
+            for i in range(min(self.max_k, len(d))):
+                drafted[i] += d[i]
+                accepted[i] += a[i]
+        return [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + sum(self.acceptance()[:k])
+
+    def _cost(self, b: _Bucket, k: int) -> float | None:
+        if k in b.step_ms:
+            return b.step_ms[k]
+        lo = max((j for j in b.step_ms if j < k), default=None)
+        hi = min((j for j in b.step_ms if j > k), default=None)
+        if lo is None or hi is None:
+            return None
+        return b.step_ms[lo] + (b.step_ms[hi] - b.step_ms[lo]) * (k - lo) / (hi - lo)
+
+    def _decide(self, bucket: int, b: _Bucket) -> Decision | None:
+        rate = {}
+        for k in range(self.max_k + 1):
+            cost = self._cost(b, k)
+            if cost is not None and cost > 0:
+                rate[k] = self.expected_tokens(k) / cost
+        if b.k not in rate or not rate:
+            return None
+        best = max(rate, key=lambda k: (rate[k], -k))
+        if best == b.k or rate[best] <= (1 + self.margin) * rate[b.k]:
+            b.candidate, b.streak = None, 0
+            return None
+        b.streak = b.streak + 1 if b.candidate == best else 1
+        b.candidate = best
+        if b.streak < self.patience:
+            return None
+        decision = Decision(bucket, b.k, best, rate)
+        b.k, b.candidate, b.streak = best, None, 0
+        self.decisions.append(decision)
+        return decision
+
+    def _bucket(self, batch: int) -> _Bucket:
+        key = bucket_of(batch)
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(k=self.max_k, next_probe=self.warmup)
+        return self._buckets[key]

@@ -1,0 +1,171 @@
+"""The speculation guard inside vLLM's scheduler (vLLM releases with dynamic speculative
+decoding: a per-step ``num_spec_tokens_to_schedule`` taken from the scheduler's
+``dynamic_sd_lookup[batch size]``, which the proposers honour, k = 0 included).
+
+The guard owns that lookup: before each ``schedule()`` it writes the k it wants per
+batch size (capped by the user's own schedule, if any, and by num_speculative_tokens);
+``make_spec_decoding_stats`` hands it vLLM's acceptance counts per request; and
+``update_from_output`` the step's wall time (schedule to update, i.e. scheduling plus the
+model step), kept only for pure decode steps whose k equals the previous step's (the
+verify width and the draft passes both at that k). A change of k is logged.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..patching import REGISTRY, PatchContext
+from ..settings import ENV_SPEC_GUARD, spec_guard_enabled
+from .controller import SpecGuard
+
+MODULE = "vllm.v1.core.sched.scheduler"
+ATTR = "_vllm_k2_spec_guard"
+
+
+def _no_dynamic_sd() -> str | None:
+    if not spec_guard_enabled():
+        return f"{ENV_SPEC_GUARD}=0"
+    try:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: F401
+    except ImportError:
+        return "this vLLM has no per-step speculative token count (dynamic speculative decoding)"
+    return None
+
+
+def _upstream_adapts_k() -> bool:
+    """Feed vLLM's own acceptance accounting 64 drafts of which nothing was accepted, on a
+    bare scheduler state with a k = 3 lookup: upstream adapts k if the lookup moves."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    probe = Scheduler.__new__(Scheduler)
+    probe.log_stats, probe.num_spec_tokens = True, 3
+    probe.dynamic_sd_lookup = [3] * 5
+    stats = None
+    for i in range(64):
+        stats = Scheduler.make_spec_decoding_stats(probe, stats, 3, 0, None, f"probe-{i}")
+    return probe.dynamic_sd_lookup != [3] * 5
+
+
+class _State:
+    """Per-scheduler bookkeeping around the controller."""
+
+    def __init__(self, guard: SpecGuard, caps: list[int]):
+        self.guard, self.caps = guard, caps
+        self.started: dict[int, tuple[float, int, int, bool]] = {}  # id(output) -> (t0, batch, k, pure)
+        self.prev_k: int | None = None
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        self.drafted = [0] * self.guard.max_k
+        self.accepted = [0] * self.guard.max_k
+
+    def fill(self, lookup: list[int]) -> None:
+        for batch in range(1, len(lookup)):
+            lookup[batch] = min(self.caps[batch], self.guard.k_for(batch))
+
+
+def _pure_decode(out) -> bool:
+    if out.scheduled_new_reqs:
+        return False
+    spec = out.scheduled_spec_decode_tokens
+    return all(n == 1 + len(spec.get(req, ())) for req, n in out.num_scheduled_tokens.items())
+
+
+def _wrap_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        k = int(getattr(self, "num_spec_tokens", 0) or 0)
+        if k <= 0:
+            return
+        size = int(self.scheduler_config.max_num_seqs) + 1
+        user = self.dynamic_sd_lookup
+        caps = list(user) if user is not None else [k] * size
+        self.dynamic_sd_lookup = list(caps)
+        setattr(self, ATTR, _State(SpecGuard(max_k=k), caps))
+        logger().info("vllm-k2: speculation guard on (k <= %d per step; %s=0 turns it off)", k, ENV_SPEC_GUARD)
+
+    return __init__
+
+
+def _wrap_schedule(original):
+    def schedule(self, *args, **kwargs):
+        state = getattr(self, ATTR, None)
+        if state is None:
+            return original(self, *args, **kwargs)
+        state.fill(self.dynamic_sd_lookup)
+        t0 = time.perf_counter()
+        out = original(self, *args, **kwargs)
+        batch = len(out.num_scheduled_tokens)
+        if batch:
+            state.started[id(out)] = (t0, batch, int(out.num_spec_tokens_to_schedule), _pure_decode(out))
+        return out
+
+    return schedule
+
+
+def _wrap_stats(original):
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs):
+        state = getattr(self, ATTR, None)
+        if state is not None and num_draft_tokens:
+            for i in range(min(num_draft_tokens, len(state.drafted))):
+                state.drafted[i] += 1
+            for i in range(min(num_accepted_tokens, len(state.accepted))):
+                state.accepted[i] += 1
+        return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs)
+
+    return make_spec_decoding_stats
+
+
+def _wrap_update(original):
+    def update_from_output(self, scheduler_output, model_runner_output):
+        result = original(self, scheduler_output, model_runner_output)
+        state = getattr(self, ATTR, None)
+        started = state.started.pop(id(scheduler_output), None) if state is not None else None
+        if started is None:
+            return result
+        t0, batch, k, pure = started
+        state.guard.observe_drafts(state.drafted, state.accepted)
+        state.reset_counts()
+        steady = pure and state.prev_k == k
+        state.prev_k = k
+        if steady:
+            decision = state.guard.observe_step(batch, k, 1e3 * (time.perf_counter() - t0))
+            if decision is not None:
+                logger().info(
+                    "vllm-k2: speculation guard: batch bucket %d (%d+ requests): k %d -> %d "
+                    "(tokens/ms by k: %s; acceptance by position: %s)",
+                    decision.bucket, 1 << decision.bucket, decision.old_k, decision.new_k,
+                    {j: round(v, 4) for j, v in sorted(decision.tokens_per_ms.items())},
+                    [round(a, 3) for a in state.guard.acceptance()],
+                )  # fmt: skip
+        return result
+
+    return update_from_output
+
+
+def logger():
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.k2_plugin.spec_guard")
+
+
+@REGISTRY.patch(
+    name="spec-guard",
+    feature="spec_guard",
+    target=f"{MODULE}:Scheduler.schedule",
+    applies_to=">=0.17",
+    only_if=_no_dynamic_sd,
+    already_upstream=_upstream_adapts_k,
+    upstream="none yet (vLLM's dynamic speculative decoding takes a fixed batch-size schedule)",
+    why="speculation that loses (low acceptance, MoE verify cost) must turn itself down per batch size",
+    remove_when="vLLM adapts its per-step k from its own acceptance counts (the probe feeds it unaccepted drafts)",
+)
+def _apply(ctx: PatchContext) -> None:
+    from vllm.v1.core.sched import scheduler
+
+    ctx.target()
+    cls = scheduler.Scheduler
+    ctx.wrap(cls, "__init__", _wrap_init)
+    ctx.wrap(cls, "schedule", _wrap_schedule)
+    ctx.wrap(cls, "make_spec_decoding_stats", _wrap_stats)
+    ctx.wrap(cls, "update_from_output", _wrap_update)
