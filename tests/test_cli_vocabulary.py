@@ -19,7 +19,7 @@ PENDING = {
 #: positionals kept for old scripts, each beside its option (dest NAME_opt)
 DEPRECATED_POSITIONALS = {("bench ab", "target"): "--target", ("fixture", "out"): "--out"}
 #: positionals that are the command's subject, not a model or an output
-SUBJECT_POSITIONALS = {("train run", "recipe"), ("fixture", "kind")}
+SUBJECT_POSITIONALS = {("train run", "recipe"), ("fixture", "kind"), ("gguf check", "gguf")}
 
 
 def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

@@ -115,6 +115,28 @@ def _eagle3_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gguf_check(args: argparse.Namespace) -> int:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        print("FAIL gguf-py is not installed (pip install gguf; vLLM <= 0.23 ships it)", file=sys.stderr)
+        return 1
+    from .gguf.check import check_gguf
+    from .gguf.files import GGUFLoadError
+
+    force = [g.strip() for g in (args.force_dequant or "").split(",") if g.strip()]
+    try:
+        summary = check_gguf(args.gguf, args.hf_config_path, force, on_cpu=args.cpu)
+    except (GGUFLoadError, FileNotFoundError, ValueError) as e:
+        print(f"FAIL {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print("OK " + "\n   ".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
+
+
 def _bench_ab(args: argparse.Namespace) -> int:
     import shlex
 
@@ -229,6 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--dtype", default="auto", help="with --engine-config: the target's dtype")
     ec.add_argument("--max-model-len", type=int, help="with --engine-config (default: the target's)")
     ec.set_defaults(func=_eagle3_check)
+
+    g = sub.add_parser("gguf", help="GGUF tools (DeepSeek-MLA / Kimi GGUFs)")
+    gsub = g.add_subparsers(dest="gguf_command", required=True)
+    gc = gsub.add_parser("check", help="will this GGUF load? shards, audit, MLA shapes, quant types (no engine)")
+    gc.add_argument("gguf", help="the .gguf file (any shard of a split GGUF)")
+    gc.add_argument("--hf-config-path", required=True, help="directory whose config.json is the text config")
+    gc.add_argument("--force-dequant", help="comma-separated globs or 'all', as the loader's force_dequant")
+    gc.add_argument("--cpu", action="store_true", help="for vLLM's CPU build (no GGUF kernels: all dequantized)")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(func=_gguf_check)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
