@@ -7,8 +7,10 @@ model's forward, the drafter's proposal, the rejection sampler. Times are per en
 Python-heavy parts (scheduler, proposer bookkeeping) more than the model's kernels: use
 the split, not the absolute tok/s (`vllm-k2 bench ab` measures those without a profiler).
 
-    python benchmarks/eagle3_step_profile.py --model TARGET --draft DRAFT [--k 3] [--prompts FILE]
-        [--max-tokens 96] [--json OUT.json]
+    python benchmarks/eagle3_step_profile.py --target TARGET --draft DRAFT [--k 3] [--prompts FILE]
+        [--max-tokens 96] [--out OUT.json]
+
+(`--model` and `--json OUT.json` are the earlier spellings of `--target` and `--out`; still accepted.)
 
 Any vLLM version with the V1 engine; on CPU set VLLM_MLA_DISABLE=1 for an MLA target with a
 Llama drafter on 0.32 ("No common block size").
@@ -22,6 +24,8 @@ import json
 import os
 import pstats
 import time
+
+from vllm_k2_plugin import fileio
 
 # (label, file suffix, function name): vLLM's own functions, read from the profile.
 PROBES = [
@@ -81,24 +85,24 @@ def run(model: str, draft: str | None, k: int, prompts: list[str], max_tokens: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--target", "--model", dest="target", required=True, help="target model directory")
     ap.add_argument("--draft", required=True)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--prompts", help="JSONL with 'prompt' (chat user message) per line")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--json")
+    ap.add_argument("--out", "--json", dest="out", help="write the rows here (JSON)")
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(a.model)
+    tok = AutoTokenizer.from_pretrained(a.target)
     users = [json.loads(x)["prompt"] for x in open(a.prompts)][: a.limit] if a.prompts else ["def fibonacci(n):"]
     prompts = [tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
                for u in users]  # fmt: skip
     engine = dict(dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True, trust_remote_code=True)
-    rows = [run(a.model, None, 0, prompts, a.max_tokens, engine),
-            run(a.model, a.draft, a.k, prompts, a.max_tokens, engine)]  # fmt: skip
+    rows = [run(a.target, None, 0, prompts, a.max_tokens, engine),
+            run(a.target, a.draft, a.k, prompts, a.max_tokens, engine)]  # fmt: skip
     labels = [p[0] for p in PROBES]
     print(f"{'per engine step (ms)':<24}" + "".join(f"{'baseline' if not r['draft'] else 'eagle3 k=' + str(r['k']):>14}"
                                                  for r in rows))  # fmt: skip
@@ -108,9 +112,8 @@ def main() -> None:
         print(f"{key:<24}" + "".join(f"{r[key]:>14.2f}" for r in rows))
     print(f"{'tau (vLLM counters)':<24}{'':>14}{rows[1].get('tau') or float('nan'):>14.2f}")
     print(f"eagle3 / baseline tok/s: {rows[1]['tok_per_s'] / rows[0]['tok_per_s']:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if a.out:
+        fileio.write_text(a.out, json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

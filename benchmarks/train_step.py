@@ -5,9 +5,14 @@ fused LM-head/soft-CE on CUDA) -> backward -> clip_grad_norm_(1.0) + fused AdamW
 master weights and bf16 autocast (the frozen target embedding and the verifier head are bf16).
 
     # one GPU: matmul/copy ceilings, then the step
-    python benchmarks/train_step.py --seq 2048 --batch 1 --json out.json
+    python benchmarks/train_step.py --seq 2048 --batch 1 --out out.json
     # two GPUs, DDP: scaling, plus the data-parallel equality check
-    torchrun --nproc_per_node 2 benchmarks/train_step.py --ddp --dp-check --json out_ddp.json
+    torchrun --nproc_per_node 2 benchmarks/train_step.py --ddp --dp-check --out out_ddp.json
+    # no GPU: the committed results file from the raw runs (derived fields recomputed)
+    python benchmarks/train_step.py report benchmarks/results/train_step_h200_raw \
+        --out benchmarks/results/train_step_h200.json
+
+(``--json PATH`` is the earlier spelling of ``--out PATH``; still accepted.)
 
 FLOPs are counted analytically (``vllm_k2_plugin.train.plan.train_step_flops`` states the
 formula; no recompute counted), and MFU is achieved FLOP/s over the bf16 matmul rate
@@ -29,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from vllm_k2_plugin import fileio  # noqa: E402
 from vllm_k2_plugin.train import draft_model as dm  # noqa: E402
 from vllm_k2_plugin.train import ttt  # noqa: E402
 from vllm_k2_plugin.train.hardware import DraftDims  # noqa: E402
@@ -308,7 +314,162 @@ def env_info() -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- report (no GPU)
+
+RECORDED = "predictions_recorded.json"  # the planner's predictions, written down before the runs they predict
+
+
+def _measured_step(run: dict) -> float:
+    return run["single"]["step_s"] if "single" in run else run["ddp"]["step_s_slowest_rank"]
+
+
+def _config(run: dict) -> str:
+    r = run.get("single") or run["ddp"]
+    gpus = "1 GPU" if "single" in run else f"{r['world']} GPUs DDP"
+    return f"{gpus}, batch {r['batch']} x seq {r['seq']}" + (" per GPU" if "ddp" in run else "") + \
+        f", {r['ttt_steps']} TTT steps"  # fmt: skip
+
+
+def predict(cal, run: dict) -> dict:
+    """The planner's step time for a run's configuration on the H200 preset, from the
+    calibration: one GPU = seq_time + optimizer; DDP adds the all-reduce not hidden under
+    the backward (at the preset's all-reduce bandwidth, as the planner plans)."""
+    from vllm_k2_plugin.train import plan as P
+    from vllm_k2_plugin.train.hardware import GPUS, H200_KEY
+
+    h200 = GPUS[H200_KEY]
+    r = run.get("single") or run["ddp"]
+    t_seq = P.seq_time(cal, h200, r["seq"], r["batch"], r["ttt_steps"])["t"]
+    if "single" in run:
+        t = t_seq + P.optimizer_time(cal, h200)
+        cmd = (f"python -m vllm_k2_plugin.train.plan --predict-step --hardware h200 --seq {r['seq']} "
+               f"--batch {r['batch']}")  # fmt: skip
+        return {"command": cmd, "predicted_step_s": t, "predicted_tokens_per_s": r["batch"] * r["seq"] / t}
+    world = r["world"]
+    ost = P.optimizer_step_time(cal, h200, t_seq, 1, world, h200.allreduce_gbps)
+    t = ost["t"]
+    return {
+        "command": f"plan.optimizer_step_time, H200 preset all-reduce {h200.allreduce_gbps:g} GB/s busbw: "
+        f"{ost['grad_bytes'] / 1e9:.2f} GB fp32 grads -> {ost['t_allreduce'] * 1e3:.1f} ms, "
+        f"{ost['t_exposed'] * 1e3:.1f} ms of it not hidden under the backward",
+        "predicted_step_s": t,
+        "predicted_tokens_per_s": world * r["batch"] * r["seq"] / t,
+        "predicted_scaling_efficiency": (t_seq + P.optimizer_time(cal, h200)) / t,
+    }
+
+
+def derive(runs: dict, recorded: list[dict], calibration_run: str, ddp_run: str, cal_path: str) -> dict:
+    """predictions / checks / ddp_scaling, recomputed from the raw runs (`cal_path`: a file
+    holding them, which the planner's own loader reads)."""
+    from vllm_k2_plugin.train import plan as P
+
+    cal = P.load_calibration(cal_path)
+    rec = {p["run"]: p for p in recorded}
+    unknown = sorted(set(rec) - set(runs))
+    if unknown:
+        raise ValueError(f"{RECORDED}: predictions for runs that have no raw file: {unknown}")
+    predictions, checks = [], []
+    for name, run in runs.items():
+        p = predict(cal, run)
+        if name == calibration_run:
+            kind = "calibration run (identity by construction)"
+        elif _config(run) == _config(runs[calibration_run]):
+            kind = "calibration config, re-measured"
+        elif name in rec and rec[name]["recorded_utc"] < run["date_utc"]:
+            kind = "predicted before measuring"
+        else:
+            kind = "predicted after measuring"
+        if name != calibration_run:
+            entry = {"run": name, "config": _config(run), **p}
+            if name in rec:
+                r = rec[name]
+                entry["recorded_before_measuring"] = {
+                    "recorded_utc": r["recorded_utc"],
+                    "predicted_step_s": r["predicted_step_s"],
+                    # recorded to 4 decimals: does today's planner still predict what was written down?
+                    "reproduced_by_this_planner": round(p["predicted_step_s"], 4) == r["predicted_step_s"],
+                }
+            predictions.append(entry)
+        measured = _measured_step(run)
+        checks.append({
+            "kind": kind,
+            "run": name,
+            "predicted_step_s": p["predicted_step_s"],
+            "measured_step_s": measured,
+            "error": (p["predicted_step_s"] - measured) / measured,
+        })  # fmt: skip
+    single, ddp = runs[calibration_run]["single"], runs[ddp_run]["ddp"]
+    one = single["batch"] * single["seq"] / single["step_s"]
+    all_ranks = ddp["world"] * ddp["batch"] * ddp["seq"] / ddp["step_s_slowest_rank"]
+    scaling = {
+        "gpus": ddp["world"],
+        f"tokens_per_s_{ddp['world']}gpu": all_ranks,
+        "tokens_per_s_1gpu": one,
+        "efficiency": all_ranks / (ddp["world"] * one),
+    }
+    return {"predictions": predictions, "checks": checks, "ddp_scaling": scaling}
+
+
+ABOUT = (
+    "benchmarks/train_step.py on the device tool's nvidia-h200-x2 (2x H200 SXM, torch 2.11, CUDA 13.0), read by "
+    "vllm_k2_plugin/train/plan.py. `runs`: the raw output of each measured run (its command and date inside; the "
+    "raw files are in benchmarks/results/train_step_h200_raw/). predictions / checks / ddp_scaling: derived by "
+    "`train_step.py report` from those runs and the planner (nothing here is typed in by hand)."
+)
+
+
+def report(raw_dir: str, out: str, calibration_run: str, ddp_run: str, argv: list[str]) -> dict:
+    """Write the results file the planner reads: raw runs + the derived fields."""
+    import tempfile
+
+    raw = Path(raw_dir)
+    runs = {}
+    for p in sorted(raw.glob("*.json")):
+        if p.name == RECORDED:
+            continue
+        run = json.loads(p.read_text())
+        for key in ("command", "date_utc"):
+            if key not in run:
+                raise ValueError(f"{p}: raw run without '{key}' (write raw runs with train_step.py --out)")
+        runs[p.stem] = run
+    for name in (calibration_run, ddp_run):
+        if name not in runs:
+            raise ValueError(f"{raw}: no raw run '{name}.json' (have {sorted(runs)})")
+    recorded = json.loads((raw / RECORDED).read_text()) if (raw / RECORDED).is_file() else []
+    doc = {"about": ABOUT, "calibration_run": calibration_run, "ddp_run": ddp_run, "runs": runs}
+    with tempfile.TemporaryDirectory() as tmp:  # the planner's own loader reads the calibration
+        cal_path = os.path.join(tmp, "runs.json")
+        fileio.write_json(cal_path, doc)
+        doc.update(derive(runs, recorded, calibration_run, ddp_run, cal_path))
+    doc["derived_by"] = {
+        "command": " ".join(["python", "benchmarks/train_step.py", "report", *argv]),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "note": "the derived fields were recomputed from the raw runs on this date, without a GPU; "
+        "the runs themselves were measured on the dates they carry",
+    }
+    fileio.write_json(os.path.realpath(out), doc)  # realpath: benchmarks/results/ links to the package copy
+    return doc
+
+
+def report_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="train_step.py report", description="the results file from raw runs")
+    ap.add_argument("raw", help="folder of raw run files (train_step.py --out) + predictions_recorded.json")
+    ap.add_argument("--out", required=True, help="results file (the planner's calibration)")
+    ap.add_argument("--calibration-run", default="single_s2048_b1")
+    ap.add_argument("--ddp-run", default="ddp_s2048_b1")
+    a = ap.parse_args(argv)
+    doc = report(a.raw, a.out, a.calibration_run, a.ddp_run, argv)
+    for c in doc["checks"]:
+        print(f"{c['run']:24} {c['kind']:45} predicted {c['predicted_step_s'] * 1e3:6.1f} ms, measured "
+              f"{c['measured_step_s'] * 1e3:6.1f} ms, error {c['error']:+.1%}")  # fmt: skip
+    print(f"DDP scaling efficiency {doc['ddp_scaling']['efficiency']:.1%} -> {a.out}")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1, help="sequences per GPU per step")
@@ -318,7 +479,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="small dimensions (smoke test)")
     ap.add_argument("--ddp", action="store_true", help="run under torchrun: DDP over all ranks")
     ap.add_argument("--dp-check", action="store_true", help="with --ddp: DDP vs 1-GPU loss/gradients")
-    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--out", "--json", dest="out", help="write the results here (JSON, with command and date)")
     a = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     cfg = small_config() if a.small else k25_config()
@@ -353,8 +514,8 @@ def main(argv=None) -> int:
                 f"dp_check {c['config']} {c['precision']}: loss rel {c['loss_rel_diff']:.2e}, "
                 f"grad rel-L2 max {c['grad_rel_l2_max']:.2e} ({c['grad_rel_l2_worst_param']})"
             )
-        if a.json:
-            Path(a.json).write_text(json.dumps(out, indent=1))
+        if a.out:
+            fileio.write_json(a.out, out)
     if dist is not None:
         dist.destroy_process_group()
     return 0

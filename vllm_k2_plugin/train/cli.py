@@ -69,7 +69,7 @@ def _train(a) -> int:
     from .trainer import train
 
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
-    return _print(train(a.target, a.data, a.vocab, a.out, cfg, a.draft_overrides))
+    return _print(train(a.target, a.extracted, a.vocab, a.out, cfg, a.draft_overrides))
 
 
 def _export(a) -> int:
@@ -83,7 +83,7 @@ def _export(a) -> int:
 def _eval(a) -> int:
     from .evaluate import evaluate
 
-    r = evaluate(a.draft, a.target, a.data, a.out, k_max=a.k_max)
+    r = evaluate(a.draft, a.target, a.extracted, a.out, k_max=a.k_max)
     return _print({k: r[k] for k in ("positions", "per_position_acceptance", "tau")})
 
 
@@ -135,7 +135,8 @@ def add_train_parser(sub) -> None:
 
     tr = ts.add_parser("train", help="train the draft (TTT); under torchrun: DDP")
     tr.add_argument("--target", required=True)
-    tr.add_argument("--data", required=True, help="output dir of `extract`")
+    # `--data` is prepare's chat files; an `extract` output is `--extracted` (`--data` still accepted here)
+    tr.add_argument("--extracted", "--data", dest="extracted", required=True, help="output dir of `extract`")
     tr.add_argument("--vocab", required=True, help="output dir of `vocab`")
     tr.add_argument("--out", required=True)
     for f in fields(TrainConfig):
@@ -158,7 +159,8 @@ def add_train_parser(sub) -> None:
     ev = ts.add_parser("eval", help="offline acceptance per position and tau(k), JSON + PNG")
     ev.add_argument("--draft", required=True, help="exported drafter")
     ev.add_argument("--target", required=True)
-    ev.add_argument("--data", required=True, help="`extract` output of held-out, target-generated chats")
+    ev.add_argument("--extracted", "--data", dest="extracted", required=True,
+                    help="`extract` output of held-out, target-generated chats")  # fmt: skip
     ev.add_argument("--out", required=True)
     ev.add_argument("--k-max", type=int, default=5)
     ev.set_defaults(func=_eval)
