@@ -244,8 +244,9 @@ def test_separate_commands_killed_and_restarted_match_offline_within_budget(sour
         #    SIGKILLed mid-run
         t = _popen(consume, tmp_path / "train.log")
         latest = run / "checkpoints" / "latest.json"
-        _wait_for(lambda: latest.exists() and spool.released(str(spool_dir)), "a checkpoint and a deletion", [t])
+        _wait_for(lambda: spool.released(str(spool_dir)), "training to delete shards", [t])
         _kill(t)
+        assert latest.exists(), "shards were deleted before a checkpoint covered them"
         stopped = json.loads(latest.read_text())["step"]
         assert 0 < stopped < steps
         # 3. both restart and finish
