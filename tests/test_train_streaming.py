@@ -321,3 +321,26 @@ shuffle_window = 2
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     assert "[train] resuming" in second.stdout
     _check_run(run, spool_dir, sampler, budget, reference, steps)
+
+
+def test_torchrun_streaming_matches_torchrun_offline(source, tmp_path):
+    """Two DDP ranks (gloo) drain the spool as one: rank 0 decides when to wait, checkpoint
+    and delete, and both read the same order as a two-rank offline run."""
+
+    def torchrun(data, out, *extra):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *_train_cmd(source, data, out, *extra)[1:], "--batch-size", "1"]  # fmt: skip
+        return cmd
+
+    r = subprocess.run(torchrun(source["data"], tmp_path / "offline"), env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    spool_dir = tmp_path / "spool"
+    budget = BUDGET_SHARDS * max(e["bytes"] for e in shards.load_manifest(source["data"])["shards"])
+    produce = [sys.executable, str(REPO / "tests" / "spool_replay_job.py"), source["data"], str(spool_dir), str(budget)]
+    with DiskSampler(spool_dir) as sampler:
+        p = _popen(produce, tmp_path / "extract.log")
+        t = _popen(torchrun(spool_dir, tmp_path / "run", "--stream", "--poll-seconds", "0.05"), tmp_path / "train.log")
+        assert t.wait(timeout=600) == 0, _tail(tmp_path / "train.log")
+        assert p.wait(timeout=60) == 0, _tail(tmp_path / "extract.log")
+    assert "extract: spool full" in (tmp_path / "extract.log").read_text()  # the budget was binding
+    _check_run(tmp_path / "run", spool_dir, sampler, budget, _weights(tmp_path / "offline", 12), 12)
