@@ -29,7 +29,7 @@ import torch
 
 from vllm_k2_plugin.train import shards, spool
 from vllm_k2_plugin.train.order import OrderError, SampleOrder
-from vllm_k2_plugin.train.recipe import RecipeError, load_recipe
+from vllm_k2_plugin.train.recipe import RecipeError, load_recipe, stop_group
 
 from .conftest import REPO, engine_env
 from .test_train_stages import _synthetic_shards
@@ -170,13 +170,35 @@ def _kill(p):
     p.wait()
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftovers():
+    """A failed test leaves no process behind (torchrun's workers included)."""
+    yield
+    while _STARTED:
+        stop_group(_STARTED.pop(), grace_s=5)
+
+
 def _popen(cmd, log: Path, env=None):
     with open(log, "a") as f:  # the child keeps its own descriptor
-        return subprocess.Popen(cmd, env=env or _env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(cmd, env=env or _env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    _STARTED.append(p)
+    return p
 
 
 def _tail(log: Path) -> str:
     return log.read_text()[-3000:] if log.exists() else ""
+
+
+def _child(parent: int, needle: str) -> int:
+    """The child process of `parent` whose command line contains `needle` (NUL-separated)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    for c in children:
+        if needle in Path(f"/proc/{c}/cmdline").read_text():
+            return int(c)
+    raise AssertionError(f"no child of {parent} runs {needle!r}")
 
 
 def _weights(run: Path, step: int) -> dict:
@@ -264,8 +286,8 @@ def test_separate_commands_killed_and_restarted_match_offline_within_budget(sour
 def test_train_run_streams_through_vllm_survives_kills_and_matches_offline(tmp_path):
     """`train run` with [stream]: extraction through a vLLM 0.16 engine into a spool of 3
     shards while training drains it; the extractor is SIGKILLed while it waits on the full
-    spool and `train run` then SIGKILLs the trainer mid-run; the rerun finishes with the
-    weights of an offline `train run` over the same samples."""
+    spool, then the trainer mid-run; `train run` reports the dead halves, and its rerun
+    finishes with the weights of an offline `train run` over the same samples."""
     from vllm_k2_plugin.fixtures.trained_target import write_tiny_recipe
 
     write_tiny_recipe(str(tmp_path), train_chats=32, eval_chats=1)
@@ -307,17 +329,19 @@ shuffle_window = 2
         first = _popen(cmd, tmp_path / "first.log", env=env)
         # the extractor waits on a full spool after the trainer freed shards once: kill it there
         _wait_for(lambda: spool.released(str(spool_dir)) and marker.exists(), "extraction waiting", [first])
+        trainer = _child(first.pid, "train\0train\0")
         try:
             os.kill(json.loads(marker.read_text())["pid"], signal.SIGKILL)
         except (FileNotFoundError, ValueError):  # it got room and removed the marker just now
             pytest.fail("the extractor stopped waiting before it could be killed; rerun")
-        assert first.wait(timeout=300) != 0  # `train run` reports the dead half and SIGKILLs the trainer
+        os.kill(trainer, signal.SIGKILL)
+        assert first.wait(timeout=300) != 0  # `train run` reports the dead halves
         stopped = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
         assert 0 < stopped < steps
         assert len(shards.load_manifest(str(spool_dir))["shards"]) < 8  # extraction was mid-run too
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     log_text = (tmp_path / "first.log").read_text()
-    assert "extract exited with -9" in log_text, log_text[-3000:]
+    assert "exited with -9" in log_text, log_text[-3000:]
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     assert "[train] resuming" in second.stdout
     _check_run(run, spool_dir, sampler, budget, reference, steps)

@@ -313,8 +313,8 @@ def torchrun_command(model: str, d: dict, tr: dict, draft: dict | None, nproc: i
 def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
     """Streaming on one host: the two halves are the same commands a two-host run starts by
     hand (`train extract --spool-bytes` and `train train --stream` on one directory), here as
-    child processes. When one fails the other is SIGKILLed (safe: both resume from disk) and
-    the stage fails; rerunning `train run` resumes both."""
+    child processes. When one fails the other is stopped (safe at any point: both resume from
+    disk) and the stage fails; rerunning `train run` resumes both."""
     tr = dict(tr)
     nproc, draft = int(tr.pop("nproc", 1)), tr.pop("draft", None)
     spool_dir = os.path.join(d["train"], "spool")
@@ -335,22 +335,33 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
             log(f"[train] streaming: {name}: {' '.join(cmd)}")
             # own process group: killing it stops torchrun's workers too
             procs[name] = subprocess.Popen(cmd, start_new_session=True)
-        while any(p.poll() is None for p in procs.values()):
-            failed = {n: p.returncode for n, p in procs.items() if p.returncode not in (None, 0)}
+        while True:
+            codes = {n: p.poll() for n, p in procs.items()}
+            failed = {n: rc for n, rc in codes.items() if rc not in (None, 0)}
             if failed:
                 raise RuntimeError(
                     f"[train] streaming: {', '.join(f'{n} exited with {rc}' for n, rc in failed.items())}; "
-                    "the other half was stopped. Rerun `train run` to resume both."
+                    "the other half is stopped. Rerun `train run` to resume both."
                 )
+            if all(rc == 0 for rc in codes.values()):
+                return
             time.sleep(poll)
-        failed = {n: p.returncode for n, p in procs.items() if p.returncode != 0}
-        if failed:
-            raise RuntimeError(f"[train] streaming: {failed}; rerun `train run` to resume")
-    finally:  # the whole group: a dead extractor's engine processes, torchrun's workers
+    finally:
         for p in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            stop_group(p)
+
+
+def stop_group(p: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a child started with start_new_session and whatever is left of its group (a dead
+    extractor's engine process): SIGTERM first, so torchrun stops its workers (they run in
+    groups of their own), then SIGKILL. Neither half needs a clean exit to resume."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
 @contextlib.contextmanager
