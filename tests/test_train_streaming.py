@@ -368,3 +368,17 @@ def test_torchrun_streaming_matches_torchrun_offline(source, tmp_path):
         assert p.wait(timeout=60) == 0, _tail(tmp_path / "extract.log")
     assert "extract: spool full" in (tmp_path / "extract.log").read_text()  # the budget was binding
     _check_run(tmp_path / "run", spool_dir, sampler, budget, _weights(tmp_path / "offline", 12), 12)
+
+
+def test_a_budget_too_small_for_a_window_is_an_error_not_a_hang(source, tmp_path):
+    """One shard of budget, two shards per window: extraction waits for room that only
+    training could free, training waits for the window's second shard. Training says so."""
+    spool_dir = tmp_path / "spool"
+    budget = max(e["bytes"] for e in shards.load_manifest(source["data"])["shards"])
+    produce = [sys.executable, str(REPO / "tests" / "spool_replay_job.py"), source["data"], str(spool_dir), str(budget)]
+    p = _popen(produce, tmp_path / "extract.log")
+    t = _popen(_train_cmd(source, spool_dir, tmp_path / "run", "--stream", "--poll-seconds", "0.05"),
+               tmp_path / "train.log")  # fmt: skip
+    assert t.wait(timeout=300) != 0
+    assert "the spool budget cannot hold the shards one step reads" in _tail(tmp_path / "train.log")
+    assert p.poll() is None  # extraction still waits (an operator may raise the budget and restart)
