@@ -208,6 +208,7 @@ def _weights(run: Path, step: int) -> dict:
 
 
 def _check_run(run: Path, spool_dir: Path, sampler: DiskSampler, budget: int, reference: dict, steps: int):
+    print(f"spool high-water {sampler.high:,} B of a {budget:,} B budget ({sampler.samples:,} samples of the disk)")
     assert sampler.samples > 100, "the disk sampler hardly ran"
     assert 0 < sampler.high <= budget, (sampler.high, budget)
     logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
