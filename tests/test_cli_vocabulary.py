@@ -13,9 +13,7 @@ from vllm_k2_plugin.cli import build_parser
 
 #: commands that break a rule today, with the reason; the test fails once they comply
 #: (then delete the entry).
-PENDING = {
-    ("bench mla", "--json takes a value"): "mla/bench.py is being rewritten for issue #16: --out PATH, --json flag",
-}
+PENDING: dict = {}
 #: positionals kept for old scripts, each beside its option (dest NAME_opt)
 DEPRECATED_POSITIONALS = {("bench ab", "target"): "--target", ("fixture", "out"): "--out"}
 #: positionals that are the command's subject, not a model or an output

@@ -122,9 +122,40 @@ def test_training_time_hand_values(tmp_path):
     assert r["step"]["t"] == pytest.approx(2 * t_seq + t_opt + exposed)
     assert r["training"]["opt_steps"] == 500  # 1000 sequences x 2 epochs / 4
     assert r["training"]["t"] == pytest.approx(500 * (2 * t_seq + t_opt + exposed))
-    total_h = (r["extraction"]["t"] + r["training"]["t"]) / 3600
+    io = r["io"]  # offline: extraction + training, each with its I/O (default ASSUMED 5 GB/s write, 10 read)
+    data = 1000 * 2048 * 57_344
+    assert (io["t_write"], io["t_hash"], io["t_verify"], io["t_read_epoch"]) == pytest.approx(
+        (data / 5e9, data / 10e9, data / 10e9, data / 10e9)
+    )
+    total_h = (r["extraction"]["t"] + r["training"]["t"] + data / 5e9 + data / 10e9 * (1 + 1 + 2)) / 3600
     assert r["total_h"] == pytest.approx(total_h)
     assert r["verdict"] == ("hours" if total_h < 24 else "days")
+
+
+def test_io_and_modes_hand_values(tmp_path):
+    cal = P.load_calibration(write_cal(tmp_path))
+    gpu = P.GPUSpec("x", "X", 494.5, 2.4, 80, 10.0, "test", "test")
+    inp = P.PlanInputs(samples=1000, mean_tokens=1000, gpus=2, global_batch=4, epochs=2, disk_write_gbps=2,
+                       disk_read_gbps=4, extract_batch=10, shuffle_window=3, spool_gb=0.001)  # fmt: skip
+    r = P.plan(inp, gpu, cal)
+    data = 1e6 * 57_344
+    ext, train = r["extraction"]["t"], r["training"]["t"]
+    w, rd = data / 2e9, data / 4e9
+    off = r["modes"]["offline"]  # extract once (write + sha256 read-back), verify once, read twice
+    assert off["t"] == pytest.approx(ext + w + rd + train + rd + 2 * rd) and off["disk_bytes"] == pytest.approx(data)
+    shard = 10 * 1000 * 57_344
+    st = r["streaming"]  # each epoch re-extracts; the spool holds 2 windows + 1 shard at least
+    assert st["min_spool_bytes"] == pytest.approx(7 * shard) and st["spool_bytes"] == pytest.approx(7 * shard)
+    assert st["t_extract"] == pytest.approx(2 * (ext + w + rd))
+    assert st["t_train"] == pytest.approx(train + 2 * rd + 2 * rd)
+    two = r["modes"]["streaming_two_hosts"]
+    assert two["t"] == pytest.approx(max(st["t_extract"], st["t_train"])) and two["disk_bytes"] == st["spool_bytes"]
+    one = r["modes"]["streaming_one_host"]  # 595 GB of target on 2 x 80 GB: no room for the trainer
+    assert one["verdict"] is None and "do not fit" in one["why_not"]
+    assert r["modes"]["online"] == {"verdict": None, "why_not": "not implemented"}
+    b200 = P.plan(P.PlanInputs(), GPUS["b200"], cal)["modes"]
+    s = P.plan(P.PlanInputs(), GPUS["b200"], cal)["streaming"]
+    assert b200["streaming_one_host"]["t"] == pytest.approx(s["t_extract"] + s["t_train"])  # GPUs shared: a sum
 
 
 def test_memory_hand_values(tmp_path):
@@ -152,6 +183,8 @@ def test_cli_text_output(tmp_path, capsys):
     for s in ("8 x NVIDIA RTX PRO 6000", "extraction", "57,344 B", "503.8 TFLOP/s", "30% assumed", "verdict:"):
         assert s in out, s
     assert "2026-11-30 01:30" in out and "cal.json" in out  # measured inputs carry date and source
+    assert "ASSUMED disk 5 GB/s write, 10 GB/s read" in out and "online      no verdict: not implemented" in out
+    assert "one host: no verdict" in out  # 96 GB cards: the target leaves no room for the trainer
 
 
 def test_cli_all_markdown_and_json(tmp_path, capsys):
@@ -187,6 +220,8 @@ def test_cli_custom_and_predict_step(tmp_path, capsys):
         (["--gpus", "0"], "--gpus"),
         (["--hardware", "a100"], "--hardware"),
         (["--extract-parallel", "ep"], "--extract-parallel"),
+        (["--disk-read-gbps", "0"], "--disk-read-gbps"),
+        (["--spool-gb", "-1"], "--spool-gb"),
     ],
 )
 def test_bad_flag_values_name_the_flag(args, flag, capsys):

@@ -90,16 +90,16 @@ def test_storage_estimate_and_refusal(tmp_path):
         check_space(str(tmp_path / "x"), need=1 << 60)
 
 
-def _synthetic_shards(out, text_model, n=12, seed=0):
+def _synthetic_shards(out, text_model, n=12, seed=0, per_shard=4):
     cfg = json.load(open(os.path.join(text_model, "config.json")))
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     g = torch.Generator().manual_seed(seed)
     manifest = shards.load_manifest(out)
     manifest["metadata"] = {"layer_ids": [2, 4, 5], "hidden_size": h}
     os.makedirs(out, exist_ok=True)
-    for start in range(0, n, 4):
+    for start in range(0, n, per_shard):
         rows = []
-        for i in range(start, min(n, start + 4)):
+        for i in range(start, min(n, start + per_shard)):
             t = 20 + i
             ids = torch.randint(20, vocab, (t,), generator=g)
             rows.append({"index": i, "input_ids": ids, "loss_mask": (torch.arange(t) > 5).to(torch.uint8),

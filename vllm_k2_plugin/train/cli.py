@@ -52,8 +52,11 @@ def _extract(a) -> int:
         max_model_len=a.max_model_len,
         tensor_parallel_size=a.tensor_parallel_size,
         dtype=a.dtype,
+        spool_bytes=a.spool_bytes,
+        passes=a.passes,
+        poll_s=a.poll_seconds,
     )
-    return _print({"shards": len(m["shards"]), "metadata": m["metadata"]})
+    return _print({"shards": len(m["shards"]), "complete": m.get("complete", False), "metadata": m["metadata"]})
 
 
 def _vocab(a) -> int:
@@ -69,7 +72,7 @@ def _train(a) -> int:
     from .trainer import train
 
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
-    return _print(train(a.target, a.extracted, a.vocab, a.out, cfg, a.draft_overrides))
+    return _print(train(a.target, a.extracted, a.vocab, a.out, cfg, a.draft_overrides, a.stream, a.poll_seconds))
 
 
 def _export(a) -> int:
@@ -113,6 +116,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--keep-truncated", action="store_true", help="keep regenerated answers cut at max tokens")
     p.set_defaults(func=_prepare)
 
+    from .config import parse_bytes
+
     x = ts.add_parser("extract", help="aux + final hidden states through vLLM into checksummed shards")
     x.add_argument("--target", "--model", dest="target", required=True, help="target model dir")
     x.add_argument("--prepared", required=True, help="output dir of `prepare`")
@@ -122,6 +127,12 @@ def add_train_parser(sub) -> None:
     x.add_argument("--max-model-len", type=int, default=4096)
     x.add_argument("--tensor-parallel-size", type=int, default=1)
     x.add_argument("--dtype", default="auto")
+    x.add_argument("--spool-bytes", type=parse_bytes,
+                   help="stream: --out is a spool holding at most this many bytes of shards (e.g. '2 TB'); "
+                        "extraction waits while it is full and `train train --stream` drains it")  # fmt: skip
+    x.add_argument("--passes", type=int, default=1, help="with --spool-bytes: extract every sample this many times "
+                   "(one pass per training epoch: re-extract instead of keeping shards)")  # fmt: skip
+    x.add_argument("--poll-seconds", type=float, default=0.5, help="how often a full spool is checked")
     x.set_defaults(func=_extract)
 
     v = ts.add_parser("vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies")
@@ -145,6 +156,10 @@ def add_train_parser(sub) -> None:
         tr.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=f.default)
     tr.add_argument("--draft-overrides", type=json.loads, default=None,
                     help="JSON object of DraftConfig fields (a recipe's [train] draft = {...})")  # fmt: skip
+    tr.add_argument("--stream", action="store_true",
+                    help="--extracted is a spool `train extract --spool-bytes` fills: read shards as they arrive, "
+                         "delete each once no later step needs it (needs --shuffle-window >= 1)")  # fmt: skip
+    tr.add_argument("--poll-seconds", type=float, default=1.0, help="with --stream: how often the spool is read")
     tr.set_defaults(func=_train)
 
     e = ts.add_parser("export", help="checkpoint -> drafter directory vLLM serves (validated)")

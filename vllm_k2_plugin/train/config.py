@@ -19,6 +19,22 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected one of {TRUE + FALSE}, got {text!r}")
 
 
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def parse_bytes(text) -> int:
+    """A byte count: 6000000, 6e6, "6 MB", "1.5GB", "2 TB" (decimal units, as disks are sold)."""
+    v = str(text).strip().upper().replace(" ", "")
+    num = v.rstrip("KMGTB")
+    try:
+        n = float(num) * _UNITS[v[len(num) :]]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 6e6 or '3 GB', got {text!r}") from None
+    if not n > 0:
+        raise argparse.ArgumentTypeError(f"a byte count must be positive, got {text!r}")
+    return int(n)
+
+
 @dataclass
 class TrainConfig:
     epochs: float = 1.0
@@ -37,6 +53,7 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 2
     seed: int = 0
+    shuffle_window: int = 0  # shards shuffled together (train/order.py); 0 = a whole epoch (offline only)
     bf16: bool = True  # autocast on CUDA; CPU runs in float32
 
     def __post_init__(self):
@@ -45,3 +62,5 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "ttt_steps", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1")
+        if self.shuffle_window < 0:
+            raise ValueError("TrainConfig.shuffle_window must be >= 0 (0: shuffle a whole epoch)")

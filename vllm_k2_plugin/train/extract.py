@@ -5,8 +5,12 @@ Engine path: speculators 0.3.0's ``VllmHiddenStatesGenerator`` with this plugin'
 (vLLM 0.16; the shim captures through the model's own SupportsEagle3 path, so the ids
 follow vLLM's convention: id i = the residual stream entering layer i, N = after the
 last layer). The storage the run needs is printed before it starts, and the run refuses
-to start when the disk does not have it. Resumable: samples already in a shard listed
-by the manifest are skipped.
+to start when the disk does not have it. Resumable: the shards are a fixed sequence
+(``passes`` x the samples in batches, in order), and the manifest lists those written.
+
+Streaming (``spool_bytes``): the output directory is a spool (``spool.py``) that training
+drains; a shard is written only when it fits the budget, so the disk holds at most
+``spool_bytes`` of shards. ``passes`` > 1 re-extracts every sample once per epoch.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import shutil
 
 from tqdm import tqdm
 
+from .. import fileio
 from ..hf_config import default_aux_layer_ids, read_text_config
-from . import shards
+from . import shards, spool
 from .prepare import read_samples
 
 BYTES_PER_VALUE = 2  # stored as bf16, as a K2.5 engine produces them
@@ -62,10 +67,17 @@ def extract(
     tensor_parallel_size: int = 1,
     dtype: str = "auto",
     stop_after_shards: int | None = None,
+    spool_bytes: int | None = None,
+    passes: int = 1,
+    poll_s: float = 0.5,
     log=print,
 ) -> dict:
     import torch
 
+    if passes < 1:
+        raise ValueError(f"extract: passes must be >= 1, got {passes}")
+    if passes > 1 and not spool_bytes:
+        raise ValueError("extract: passes > 1 re-extracts per epoch, which only streaming needs (give spool_bytes)")
     samples = read_samples(prepared_dir)
     text = read_text_config(model)
     n_layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
@@ -85,21 +97,32 @@ def extract(
         "num_hidden_layers": n_layers,
         "num_samples": len(samples),
         "dtype": "bfloat16",
+        "batch_size": batch_size,  # the shard sequence depends on it: a resume must keep it
+        "passes": passes,
     }
     if manifest["metadata"] not in (None, metadata):
         raise ValueError(f"{out_dir}/{shards.MANIFEST} was written with other settings: {manifest['metadata']}")
     manifest["metadata"] = metadata
-    done = {i for s in manifest["shards"] for i in s["samples"]}
-    todo = [i for i in range(len(samples)) if i not in done]
-    tokens_left = sum(len(samples[i]["input_ids"]) for i in todo)
+    plan = [(p, list(range(len(samples)))[i : i + batch_size]) for p in range(passes)
+            for i in range(0, len(samples), batch_size)]  # fmt: skip
+    todo = plan[len(manifest["shards"]) :]
+    tokens_left = sum(len(samples[i]["input_ids"]) for _, idx in todo for i in idx)
     need = storage_bytes(tokens_left, hidden, len(layer_ids))
     log(
-        f"extract: {len(todo)} of {len(samples)} samples, {tokens_left} tokens, aux layers {layer_ids} + final "
+        f"extract: {len(todo)} of {len(plan)} shards, {tokens_left} tokens, aux layers {layer_ids} + final "
         f"-> {human(need)} ({(len(layer_ids) + 1) * hidden * BYTES_PER_VALUE} B/token)"
+        + (f"; streaming into a spool of at most {human(spool_bytes)}" if spool_bytes else "")
     )
-    check_space(out_dir, need)
+    check_space(out_dir, min(need, spool_bytes) if spool_bytes else need)
+    budget = None
+    if spool_bytes:
+        spool.clean_unlisted(out_dir, manifest)
+        budget = spool.Budget(out_dir, spool_bytes, poll_s, log)
     if not todo:
+        manifest["complete"] = True
+        fileio.write_json(os.path.join(out_dir, shards.MANIFEST), manifest)
         return manifest
+    fileio.write_json(os.path.join(out_dir, shards.MANIFEST), manifest)  # training can read the metadata now
 
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
@@ -116,10 +139,9 @@ def extract(
     )
     try:
         written = 0
-        for start in tqdm(range(0, len(todo), batch_size), desc="extract", unit="batch"):
+        for pass_no, idx in tqdm(todo, desc="extract", unit="shard"):
             if stop_after_shards is not None and written >= stop_after_shards:
                 break
-            idx = todo[start : start + batch_size]
             rows = gen.generate([samples[i]["input_ids"] for i in idx])
             batch = []
             for i, row in zip(idx, rows, strict=True):
@@ -135,8 +157,11 @@ def extract(
                         "final": states[-1].to(torch.bfloat16),
                     }
                 )
-            shards.write_shard(out_dir, manifest, batch)
+            shards.write_shard(out_dir, manifest, batch, budget.make_room if budget else None, **{"pass": pass_no})
             written += 1
+        else:
+            manifest["complete"] = True
+            fileio.write_json(os.path.join(out_dir, shards.MANIFEST), manifest)
     finally:
         gen.executor.shutdown()
     return manifest

@@ -13,7 +13,15 @@ custom specs), it prints each figure with its formula inputs:
   scaled to the GPU: the matmul part by the bf16 dense TFLOP/s ratio, the rest of the step by
   the memory-bandwidth ratio, plus the data-parallel gradient all-reduce not hidden under the
   backward;
-* a verdict: hours (< 24 h end to end) or days.
+* I/O, as the pipeline does it (not overlapped with compute): extraction writes every shard
+  and reads it back for its sha256; training checks each shard's sha256 once and reads each
+  sample's bytes once per epoch. Disk bandwidths are ASSUMPTIONS (flags);
+* a verdict per mode the pipeline implements: hours (< 24 h end to end) or days, and the disk:
+  offline (extract everything, then train; multi-epoch keeps the shards) and streaming
+  (extraction and training together through a bounded spool; multi-epoch re-extracts), on
+  one host (only where the target and the trainer fit the GPUs together) or on two hosts
+  sharing a directory. Online training (the trainer fed by the serving engine without a
+  spool) is not implemented, so it gets no verdict.
 
 ``register_cli(subparsers)`` adds the ``plan`` sub-command; ``python -m
 vllm_k2_plugin.train.plan`` runs it stand-alone.
@@ -271,6 +279,11 @@ class PlanInputs:
     engine_reserve_gb: float = 6.0
     extract_parallel: str = "tp"  # "tp": tensor parallel over all GPUs (all-reduces); "pp": pipeline stages
     usable_mem_fraction: float = 0.92
+    disk_write_gbps: float = 5.0  # ASSUMED sequential write of the shard storage (a few NVMe drives striped)
+    disk_read_gbps: float = 10.0  # ASSUMED read of the same
+    extract_batch: int = 8  # samples per shard (`train extract --batch-size`)
+    shuffle_window: int = 64  # shards per shuffle window (streaming)
+    spool_gb: float = 2000.0  # the streaming spool's budget (`--spool-bytes`)
 
 
 def plan(inp: PlanInputs, gpu: GPUSpec, cal: Calibration) -> dict:
@@ -303,7 +316,49 @@ def plan(inp: PlanInputs, gpu: GPUSpec, cal: Calibration) -> dict:
     usable = gpu.mem_gb * inp.usable_mem_fraction
     target_per_gpu = inp.target_gb / n
     free_online = usable - target_per_gpu - inp.engine_reserve_gb
-    total_h = (t_ext + t_train) / 3600
+    # I/O, not overlapped with compute (the pipeline writes, hashes and reads in its loops)
+    data_bytes = tokens * K25.bytes_per_token_offline
+    rd, wr = inp.disk_read_gbps * 1e9, inp.disk_write_gbps * 1e9
+    io = {
+        "data_bytes": data_bytes,
+        "t_write": data_bytes / wr,  # extraction writes each shard
+        "t_hash": data_bytes / rd,  # ... and reads it back for its sha256 (conservative: may hit the page cache)
+        "t_verify": data_bytes / rd,  # training checks each shard's sha256 once
+        "t_read_epoch": data_bytes / rd,  # training reads each sample's own bytes once per epoch
+    }
+    passes = math.ceil(inp.epochs)
+    t_ext_io = t_ext + io["t_write"] + io["t_hash"]  # one extraction pass with its I/O
+    t_train_io = t_train + io["t_verify"] + inp.epochs * io["t_read_epoch"]
+    offline_s = t_ext_io + t_train_io
+    # streaming: each epoch re-extracts (new shards, each verified once); disk = the spool
+    shard_bytes = inp.extract_batch * inp.mean_tokens * K25.bytes_per_token_offline
+    min_spool = (2 * inp.shuffle_window + 1) * shard_bytes  # two windows + the shard being written
+    spool_bytes = max(inp.spool_gb * 1e9, min_spool)
+    s_ext = passes * t_ext_io
+    s_train = t_train + passes * io["t_verify"] + inp.epochs * io["t_read_epoch"]
+    together = mem["replicated"] <= free_online  # the trainer is DDP (replicated states): no sharding
+    one_host = s_ext + s_train  # the halves share the GPUs: no overlap assumed
+    two_hosts = max(s_ext, s_train)  # extraction here, training on a second such machine
+
+    def verdict(seconds: float) -> str:
+        return "hours" if seconds / 3600 < HOURS_VS_DAYS_H else "days"
+
+    modes = {
+        "offline": {"t": offline_s, "disk_bytes": data_bytes, "verdict": verdict(offline_s)},
+        "streaming_one_host": (
+            {"t": one_host, "disk_bytes": spool_bytes, "verdict": verdict(one_host)}
+            if together
+            else {
+                "t": None,
+                "disk_bytes": spool_bytes,
+                "verdict": None,
+                "why_not": "target + trainer do not fit the GPUs together",
+            }  # fmt: skip
+        ),
+        "streaming_two_hosts": {"t": two_hosts, "disk_bytes": spool_bytes, "verdict": verdict(two_hosts)},
+        "online": {"verdict": None, "why_not": "not implemented"},
+    }
+    total_h = offline_s / 3600
     return {
         "gpu": gpu,
         "gpus": n,
@@ -330,8 +385,18 @@ def plan(inp: PlanInputs, gpu: GPUSpec, cal: Calibration) -> dict:
         "seq": st,
         "step": {**ost, "micro": micro},
         "training": {"sequences": sequences, "opt_steps": opt_steps, "t": t_train},
-        "total_h": total_h,
-        "verdict": "hours" if total_h < HOURS_VS_DAYS_H else "days",
+        "io": io,
+        "streaming": {
+            "passes": passes,
+            "shard_bytes": shard_bytes,
+            "min_spool_bytes": min_spool,
+            "spool_bytes": spool_bytes,
+            "t_extract": s_ext,
+            "t_train": s_train,
+        },  # fmt: skip
+        "modes": modes,
+        "total_h": total_h,  # offline, the default mode
+        "verdict": modes["offline"]["verdict"],
     }
 
 
@@ -354,6 +419,7 @@ def render_text(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
     ]
     for r in results:
         g, e, m, s, st, tr = r["gpu"], r["extraction"], r["memory"], r["seq"], r["step"], r["training"]
+        io, sm, one, two = r["io"], r["streaming"], r["modes"]["streaming_one_host"], r["modes"]["streaming_two_hosts"]
         n = r["gpus"]
         L += [
             "",
@@ -377,11 +443,14 @@ def render_text(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
             f"engine reserve, of {m['usable_per_gpu']:.1f} usable -> {m['free_online']:.1f} GB left beside the target",
             "              -> "
             + (
-                "target + trainer would fit together"
-                + ("" if m["online_replicated"] else " only with sharded optimizer states (FSDP/ZeRO)")
-                + " (this pipeline has no online or streaming mode yet: the plan is offline)"
-                if m["online_sharded"]
-                else "target + trainer do NOT fit together: alternate (extract offline, then train)"
+                "target + trainer fit together (streaming on one host is possible)"
+                if m["online_replicated"]
+                else (
+                    "target + trainer fit together only with sharded optimizer states, which the trainer "
+                    "does not do (DDP): stream across two hosts or run offline"
+                    if m["online_sharded"]
+                    else "target + trainer do NOT fit together: offline, or streaming across two hosts"
+                )
             )
             + ("" if m["trainer_fits"] else "; trainer alone does NOT fit one GPU at this seq"),
             f"  training    {_h(tr['t'])} = {tr['opt_steps']:,} optimizer steps x {st['t']:.3f} s; step = "
@@ -393,24 +462,47 @@ def render_text(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
             f"TFLOP/s measured x {g.bf16_dense_tflops:g}/{GPUS[H200_KEY].bf16_dense_tflops:g} bf16 dense) "
             f"[{s['t_matmul']:.3f} s] + rest {cal.rest_s_per_token * 1e6:.2f} us/tok x {inp.seq} x "
             f"{GPUS[H200_KEY].mem_bw_tbs:g}/{g.mem_bw_tbs:g} TB/s [{s['t_rest']:.3f} s]",
-            f"  total       {_h(r['total_h'] * 3600)} (extraction + training, same GPUs) -> "
-            f"verdict: {r['verdict'].upper()} (threshold {HOURS_VS_DAYS_H:g} h)",
+            f"  I/O         ASSUMED disk {inp.disk_write_gbps:g} GB/s write, {inp.disk_read_gbps:g} GB/s read, "
+            f"not overlapped: extraction writes {io['data_bytes'] / 1e12:.1f} TB [{_h(io['t_write'])}] and reads it "
+            f"back for sha256 [{_h(io['t_hash'])}]; training verifies each shard once [{_h(io['t_verify'])}] and "
+            f"reads each sample once per epoch [{_h(io['t_read_epoch'])}/epoch]",
+            f"  offline     {_h(r['modes']['offline']['t'])} = extraction + its I/O + training + its I/O; disk "
+            f"{io['data_bytes'] / 1e12:.1f} TB (multi-epoch keeps the shards: more reads, no more disk) "
+            f"-> {r['modes']['offline']['verdict'].upper()}",
+            f"  streaming   spool {sm['spool_bytes'] / 1e12:.2f} TB "
+            f"(>= {sm['min_spool_bytes'] / 1e9:.0f} GB: 2 windows of "
+            f"{inp.shuffle_window} shards x {sm['shard_bytes'] / 1e9:.2f} GB + 1); {sm['passes']} extraction pass(es) "
+            f"(multi-epoch re-extracts: extraction time x epochs, disk stays the spool) [{_h(sm['t_extract'])}], "
+            f"training + I/O [{_h(sm['t_train'])}]",
+            "              one host: "
+            + (
+                f"{_h(one['t'])} (the halves share the GPUs: sum) -> {one['verdict'].upper()}"
+                if one["verdict"]
+                else f"no verdict: {one['why_not']}"
+            )
+            + f"; two hosts sharing the spool: {_h(two['t'])} (the slower half) -> {two['verdict'].upper()}",
+            "  online      no verdict: not implemented "
+            "(the trainer reads shards; nothing feeds it from a serving engine)",
         ]
     return "\n".join(L)
 
 
 def render_markdown(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
     rows = [
-        "| machine | extraction | offline storage | target + trainer together? | training | total | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| machine | extraction | training | I/O | offline: disk, total | streaming, one host | "
+        "streaming, two hosts | online |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
-        m = r["memory"]
-        fit = "yes" if m["online_replicated"] else ("yes, sharded states" if m["online_sharded"] else "no: alternate")
+        io, md = r["io"], r["modes"]
+        off, one, two = md["offline"], md["streaming_one_host"], md["streaming_two_hosts"]
+        spool_tb = md["streaming_two_hosts"]["disk_bytes"] / 1e12
+        io_h = (io["t_write"] + io["t_hash"] + io["t_verify"] + inp.epochs * io["t_read_epoch"]) / 3600
+        one_txt = f"{one['t'] / 3600:.1f} h, **{one['verdict']}**" if one["verdict"] else f"- ({one['why_not']})"
         rows.append(
-            f"| {r['gpus']}x {r['gpu'].name} | {r['extraction']['t'] / 3600:.1f} h | {r['storage_tb']:.0f} TB | "
-            f"{fit} ({m['free_online']:.0f} GB/GPU free beside the target) | {r['training']['t'] / 3600:.1f} h | "
-            f"{r['total_h']:.1f} h | **{r['verdict']}** |"
+            f"| {r['gpus']}x {r['gpu'].name} | {r['extraction']['t'] / 3600:.1f} h | {r['training']['t'] / 3600:.1f} h"
+            f" | {io_h:.1f} h | {off['disk_bytes'] / 1e12:.0f} TB, {off['t'] / 3600:.1f} h, **{off['verdict']}** | "
+            f"{one_txt} | {two['t'] / 3600:.1f} h, **{two['verdict']}** ({spool_tb:g} TB spool) | not implemented |"
         )
     return "\n".join(rows)
 
@@ -489,6 +581,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.extract_parallel,
         help="target layout during extraction: tensor parallel (all-reduces per layer) or pipeline stages",
     )
+    p.add_argument("--disk-write-gbps", type=_pos_float("--disk-write-gbps"), default=d.disk_write_gbps,
+                   help="ASSUMED write bandwidth of the shard storage, GB/s")  # fmt: skip
+    p.add_argument("--disk-read-gbps", type=_pos_float("--disk-read-gbps"), default=d.disk_read_gbps,
+                   help="ASSUMED read bandwidth of the shard storage, GB/s")  # fmt: skip
+    p.add_argument("--extract-batch", type=_pos_int("--extract-batch"), default=d.extract_batch,
+                   help="samples per shard (train extract --batch-size)")  # fmt: skip
+    p.add_argument("--shuffle-window", type=_pos_int("--shuffle-window"), default=d.shuffle_window,
+                   help="streaming: shards per shuffle window")  # fmt: skip
+    p.add_argument("--spool-gb", type=_pos_float("--spool-gb"), default=d.spool_gb,
+                   help="streaming: spool budget, GB (raised to the minimum the window needs)")  # fmt: skip
     p.add_argument("--bf16-tflops", type=_pos_float("--bf16-tflops"), help="custom/override: bf16 dense TFLOP/s")
     p.add_argument("--mem-bw-tbs", type=_pos_float("--mem-bw-tbs"), help="custom/override: memory TB/s")
     p.add_argument("--mem-gb", type=_pos_float("--mem-gb"), help="custom/override: memory per GPU, GB")
@@ -549,6 +651,11 @@ def run_plan(a) -> str:
         target_gb=a.target_gb,
         engine_reserve_gb=a.engine_reserve_gb,
         extract_parallel=a.extract_parallel,
+        disk_write_gbps=a.disk_write_gbps,
+        disk_read_gbps=a.disk_read_gbps,
+        extract_batch=a.extract_batch,
+        shuffle_window=a.shuffle_window,
+        spool_gb=a.spool_gb,
     )
     results = [plan(inp, g, cal) for g in gpus]
     if a.format == "json":

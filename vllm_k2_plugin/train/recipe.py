@@ -12,6 +12,9 @@ stage after it. Extraction and training also resume inside a stage (shards, chec
     [extract]  layers = [2, 30, 58], batch_size = 8, max_model_len = 4096, tensor_parallel_size = 8
     [vocab]    size = 32000
     [train]    epochs = 1, lr = 1e-4, ttt_steps = 7, ..., nproc = 8   (TrainConfig fields + nproc)
+    [stream]   spool_bytes = "2 TB", poll_seconds = 1.0   # optional: extraction and training run together,
+               # through a spool of at most spool_bytes of shards (work_dir/train/spool); needs
+               # [train] shuffle_window >= 1 and a whole number of epochs (each epoch re-extracts)
     [export]   layout = "speculators", k = 3
     [eval]     k_max = 5
 """
@@ -23,8 +26,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import fields
 
 try:
@@ -65,7 +70,29 @@ def load_recipe(path: str) -> dict:
         if sec in r:
             r[sec]["data"] = [rel(p) for p in r[sec]["data"]]
     check_keys(r, path)
+    if "stream" in r:
+        check_stream(r, path)
     return r
+
+
+def check_stream(r: dict, path: str) -> None:
+    """Streaming's settings, checked before anything runs (an error names section and key)."""
+    import argparse
+
+    from .config import parse_bytes
+
+    st, tr = r["stream"], r.get("train", {})
+    if "spool_bytes" not in st:
+        raise RecipeError(f"{path}: [stream] needs spool_bytes (the spool's byte budget, e.g. '2 TB')")
+    try:
+        st["spool_bytes"] = parse_bytes(st["spool_bytes"])
+    except argparse.ArgumentTypeError as e:
+        raise RecipeError(f"{path}: [stream] spool_bytes: {e}") from None
+    if int(tr.get("shuffle_window", 0)) < 1:
+        raise RecipeError(f"{path}: [train] shuffle_window must be >= 1 shards with [stream] (a bounded window)")
+    epochs = tr.get("epochs", 1)
+    if epochs != int(epochs) or epochs < 1:
+        raise RecipeError(f"{path}: [train] epochs must be a whole number with [stream] (each epoch re-extracts)")
 
 
 def known_keys() -> dict[str, set[str]]:
@@ -73,7 +100,7 @@ def known_keys() -> dict[str, set[str]]:
     from .config import TrainConfig
 
     return {
-        "": {"work_dir", "target", "prepare", "eval_data", "extract", "vocab", "train", "export", "eval"},
+        "": {"work_dir", "target", "prepare", "eval_data", "extract", "vocab", "train", "export", "eval", "stream"},
         "target": {"model"},
         "prepare": {
             "data",
@@ -92,6 +119,7 @@ def known_keys() -> dict[str, set[str]]:
         "train": {f.name for f in fields(TrainConfig)} | {"nproc", "draft"},
         "export": {"layout", "dtype", "k"},
         "eval": {"k_max"},
+        "stream": {"spool_bytes", "poll_seconds"},
     }
 
 
@@ -190,7 +218,8 @@ def run(recipe_path: str, log=print) -> dict:
         tensor_parallel_size=ext.get("tensor_parallel_size", 1),
         dtype=ext.get("dtype", "auto"),
     )
-    stage("extract", ext, lambda: extract(model, d["prepare"], d["extract"], log=log, **x), after=("prepare",))
+    if "stream" not in r:
+        stage("extract", ext, lambda: extract(model, d["prepare"], d["extract"], log=log, **x), after=("prepare",))
     if "eval_data" in r:
         stage(
             "extract_eval",
@@ -210,7 +239,12 @@ def run(recipe_path: str, log=print) -> dict:
         after=("prepare",),
     )
     tr = dict(r.get("train", {}))
-    stage("train", tr, lambda: _train(model, d, tr, log), after=("extract", "vocab"))
+    if "stream" in r:  # extraction and training together, through a bounded spool
+        st = r["stream"]
+        settings = {"train": tr, "extract": ext, "stream": st}
+        stage("train", settings, lambda: _stream(model, d, x, tr, st, log), after=("prepare", "vocab"))
+    else:
+        stage("train", tr, lambda: _train(model, d, tr, log), after=("extract", "vocab"))
     ex = r.get("export", {})
     from .export import export
     from .trainer import latest_weights
@@ -262,17 +296,72 @@ def _train(model: str, d: dict, tr: dict, log) -> None:
     subprocess.run(cmd, check=True)
 
 
-def torchrun_command(model: str, d: dict, tr: dict, draft: dict | None, nproc: int) -> list[str]:
+def torchrun_command(model: str, d: dict, tr: dict, draft: dict | None, nproc: int, extra=()) -> list[str]:
     """Several processes: torchrun runs the same stage CLI in each (DDP), with exactly the
-    settings a single-process run gets (TrainConfig fields and the draft overrides)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "vllm_k2_plugin.cli", "train", "train", "--target", model, "--data", d["extract"],
-           "--vocab", d["vocab"], "--out", d["train"]]  # fmt: skip
+    settings a single-process run gets (TrainConfig fields and the draft overrides); one
+    process (nproc 1): that CLI alone."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    cmd = [sys.executable, *launcher, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", model,
+           "--extracted", d["extract"], "--vocab", d["vocab"], "--out", d["train"], *extra]  # fmt: skip
     for k, v in tr.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     if draft:
         cmd += ["--draft-overrides", json.dumps(draft, sort_keys=True)]
     return cmd
+
+
+def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
+    """Streaming on one host: the two halves are the same commands a two-host run starts by
+    hand (`train extract --spool-bytes` and `train train --stream` on one directory), here as
+    child processes. When one fails the other is stopped (safe at any point: both resume from
+    disk) and the stage fails; rerunning `train run` resumes both."""
+    tr = dict(tr)
+    nproc, draft = int(tr.pop("nproc", 1)), tr.pop("draft", None)
+    spool_dir = os.path.join(d["train"], "spool")
+    poll = float(st.get("poll_seconds", 1.0))
+    produce = [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "extract", "--target", model,
+               "--prepared", d["prepare"], "--out", spool_dir, "--spool-bytes", str(st["spool_bytes"]),
+               "--passes", str(int(tr.get("epochs", 1))), "--poll-seconds", str(poll),
+               "--batch-size", str(x["batch_size"]), "--max-model-len", str(x["max_model_len"]),
+               "--tensor-parallel-size", str(x["tensor_parallel_size"]), "--dtype", x["dtype"]]  # fmt: skip
+    if x["layer_ids"]:
+        produce += ["--layers", ",".join(str(i) for i in x["layer_ids"])]
+    consume = torchrun_command(model, {**d, "extract": spool_dir}, tr, draft, nproc,
+                               extra=["--stream", "--poll-seconds", str(poll)])  # fmt: skip
+    os.makedirs(spool_dir, exist_ok=True)
+    procs = {}
+    try:
+        for name, cmd in (("extract", produce), ("train", consume)):
+            log(f"[train] streaming: {name}: {' '.join(cmd)}")
+            # own process group: killing it stops torchrun's workers too
+            procs[name] = subprocess.Popen(cmd, start_new_session=True)
+        while True:
+            codes = {n: p.poll() for n, p in procs.items()}
+            failed = {n: rc for n, rc in codes.items() if rc not in (None, 0)}
+            if failed:
+                raise RuntimeError(
+                    f"[train] streaming: {', '.join(f'{n} exited with {rc}' for n, rc in failed.items())}; "
+                    "the other half is stopped. Rerun `train run` to resume both."
+                )
+            if all(rc == 0 for rc in codes.values()):
+                return
+            time.sleep(poll)
+    finally:
+        for p in procs.values():
+            stop_group(p)
+
+
+def stop_group(p: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a child started with start_new_session and whatever is left of its group (a dead
+    extractor's engine process): SIGTERM first, so torchrun stops its workers (they run in
+    groups of their own), then SIGKILL. Neither half needs a clean exit to resume."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
 @contextlib.contextmanager

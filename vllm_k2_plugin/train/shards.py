@@ -1,14 +1,16 @@
 """Hidden-state shards: checksummed safetensors, one per extraction batch.
 
     extract_dir/
-      manifest.json            {"metadata": {...}, "shards": [{"file", "sha256", "samples", "tokens"}]}
+      manifest.json            {"metadata": {...}, "shards": [{"file", "sha256", "samples", "tokens", "bytes",
+                                "pass"}], "complete": true once extraction wrote every shard}
       shard-00000.safetensors  input_ids [N], loss_mask [N], aux [N, A*H], final [N, H], offsets [n+1],
                                sample_index [n]   (N tokens of n samples, concatenated)
 
 A shard is written to a temp file and renamed, then the manifest (also atomic) lists it
 with its sha256; a shard not in the manifest does not exist. Readers verify the sha256
 before use, so a corrupted or truncated shard is an error naming the file, never
-garbage in training. (speculators_compat/dataset.py writes speculators' own .pt format
+garbage in training. The same directory is the streaming spool (``spool.py``): one
+manifest format for offline and streaming runs. (speculators_compat/dataset.py writes speculators' own .pt format
 for its tooling; this is ours: no pickle, digests, partial reads.)
 """
 
@@ -34,9 +36,11 @@ def load_manifest(out_dir: str) -> dict:
     return fileio.read_json(path)
 
 
-def write_shard(out_dir: str, manifest: dict, samples: list[dict]) -> dict:
-    """samples: {"index", "input_ids" [T], "loss_mask" [T], "aux" [T, A*H], "final" [T, H]}."""
-    from safetensors.torch import save_file
+def write_shard(out_dir: str, manifest: dict, samples: list[dict], make_room=None, **entry_extra) -> dict:
+    """samples: {"index", "input_ids" [T], "loss_mask" [T], "aux" [T, A*H], "final" [T, H]}.
+    The shard is serialised in memory first, so its exact size is known before a byte
+    lands on disk: ``make_room(nbytes)`` (a spool's budget) may wait until it fits."""
+    from safetensors.torch import save
 
     name = f"shard-{len(manifest['shards']):05d}.safetensors"
     lengths = [len(s["input_ids"]) for s in samples]
@@ -49,13 +53,23 @@ def write_shard(out_dir: str, manifest: dict, samples: list[dict]) -> dict:
         "offsets": offsets,
         "sample_index": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
     }
+    blob = save(tensors)
+    if make_room is not None:
+        make_room(len(blob))
     path = os.path.join(out_dir, name)
-    fileio.write_file(path, lambda tmp: save_file(tensors, tmp))
+
+    def _w(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+
+    fileio.write_file(path, _w)
     entry = {
         "file": name,
         "sha256": fileio.sha256(path),
         "samples": [s["index"] for s in samples],
         "tokens": sum(lengths),
+        "bytes": len(blob),
+        **entry_extra,
     }
     manifest["shards"].append(entry)
     fileio.write_json(os.path.join(out_dir, MANIFEST), manifest)
@@ -74,19 +88,43 @@ class ShardReader:
     the record while the file keeps its size and mtime (anything that rewrites it changes
     them), else hashes again."""
 
-    def __init__(self, extract_dir: str, verify: bool = True, open_shards: int = 8):
+    def __init__(self, extract_dir: str, verify: bool = True, open_shards: int = 8, streaming: bool = False):
         self.dir = extract_dir
         self.manifest = load_manifest(extract_dir)
-        if not self.manifest["shards"]:
+        if not self.manifest["shards"] and not streaming:
             raise ShardError(f"{extract_dir}: no {MANIFEST} with shards; run `vllm-k2 train extract` first")
-        self.metadata = self.manifest["metadata"]
         self._verify = verify
         self._open: dict[str, tuple] = {}  # path -> (safe_open handle, offsets, sample_index), LRU
         self._max_open = open_shards
         self.bytes_read = 0  # sample bytes materialised (what a read costs, for tests and logs)
         self.index: list[tuple[int, int]] = []  # (shard number, position in shard)
-        for s, entry in enumerate(self.manifest["shards"]):
-            self.index.extend((s, j) for j in range(len(entry["samples"])))
+        self._indexed = 0  # shards in self.index
+        self._index_shards()
+
+    def _index_shards(self) -> None:
+        for s in range(self._indexed, len(self.manifest["shards"])):
+            self.index.extend((s, j) for j in range(len(self.manifest["shards"][s]["samples"])))
+        self._indexed = len(self.manifest["shards"])
+
+    @property
+    def metadata(self) -> dict | None:
+        return self.manifest["metadata"]
+
+    def refresh(self) -> None:
+        """Re-read the manifest (a streaming spool grows while training reads it)."""
+        self.manifest = load_manifest(self.dir)
+        self._index_shards()
+
+    def close(self, files: list[str], forget_digests: bool = False) -> None:
+        """Drop open handles (and, by the one process that writes it, the digest records) of
+        shards about to be deleted: an open memory map keeps a deleted file's blocks allocated."""
+        for name in files:
+            self._open.pop(os.path.join(self.dir, name), None)
+        if not forget_digests:
+            return
+        record = self._verified()
+        if any(name in record for name in files):
+            fileio.write_json(os.path.join(self.dir, VERIFIED), {k: v for k, v in record.items() if k not in files})
 
     def __len__(self) -> int:
         return len(self.index)
@@ -132,7 +170,10 @@ class ShardReader:
         return self._open[path]
 
     def sample(self, i: int) -> dict:
-        s, j = self.index[i]
+        return self.row(*self.index[i])
+
+    def row(self, s: int, j: int) -> dict:
+        """Sample j of shard number s."""
         h, offsets, sample_index = self._handle(self.manifest["shards"][s])
         a, b = offsets[j], offsets[j + 1]
         rows = {k: h.get_slice(k)[a:b] for k in ("input_ids", "loss_mask", "aux", "final")}

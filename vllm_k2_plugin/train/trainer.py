@@ -34,7 +34,9 @@ import torch
 from .. import fileio
 from .config import TrainConfig
 from .draft_model import DraftConfig, Eagle3Draft
+from .order import SampleOrder
 from .shards import ShardReader
+from .stream import StreamFeed
 from .target_weights import EMBED, LM_HEAD, load_tensor
 from .ttt import Batch
 from .vocab import load_vocab
@@ -97,19 +99,6 @@ def collate(rows: list[dict], max_len: int) -> Batch:
     return Batch(ids, aux, final, mask)
 
 
-class Schedule:
-    """Global sample order: epoch e is randperm(n) seeded by seed + e."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self._perms = n, seed, {}
-
-    def sample(self, g: int) -> int:
-        e, i = divmod(g, self.n)
-        if e not in self._perms:
-            self._perms = {e: torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + e))}
-        return int(self._perms[e][i])
-
-
 def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
     warm = max(1, int(total * cfg.warmup_ratio))
     if step < warm:
@@ -169,21 +158,34 @@ def train(
     out_dir: str,
     cfg: TrainConfig | None = None,
     draft_overrides: dict | None = None,
+    stream: bool = False,
+    poll_s: float = 1.0,
 ) -> dict:
     from safetensors.torch import load_file
     from tqdm import tqdm
 
     cfg = cfg or TrainConfig()
     rank, world, device = _dist()
-    data = ShardReader(extract_dir)
-    data.verify_all()  # a corrupted shard stops the run before any step
+    data = ShardReader(extract_dir, streaming=stream)
+    if stream:  # extraction may not have started yet: wait for its manifest
+        while not data.metadata:
+            time.sleep(poll_s)
+            data.refresh()
+    else:
+        data.verify_all()  # a corrupted shard stops the run before any step (streaming: at first use)
+    order = SampleOrder(data.manifest, cfg.seed, cfg.shuffle_window, streaming=stream)
     d2t, t2d = load_vocab(vocab_dir)
     dcfg = draft_config_for(target, len(d2t), data.metadata["layer_ids"], **(draft_overrides or {}))
     model, verifier_w = build_draft(target, dcfg, d2t, t2d, cfg.seed)
     model.to(device)
     verifier_w = verifier_w.to(device)
     g = world * cfg.grad_accum * cfg.batch_size
-    total = cfg.steps or max(1, int(cfg.epochs * len(data) // g))
+    total = cfg.steps or max(1, int(cfg.epochs * order.per_pass // g))
+    if stream and total * g > order.passes * order.per_pass:
+        raise ValueError(
+            f"{extract_dir}: {total} steps x {g} samples need {total * g / order.per_pass:g} passes of extraction, "
+            f"the spool's extraction makes {order.passes} (train extract --passes)"
+        )
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if p.ndim < 2 else decay).append(p)
@@ -215,7 +217,16 @@ def train(
             broadcast_buffers=False,  # the frozen 2.35 GB embedding is identical on every rank
             gradient_as_bucket_view=True,
         )
-    order = Schedule(len(data), cfg.seed)
+    feed = StreamFeed(data, order, poll_s, rank, world, log=tqdm.write) if stream else None
+
+    def checkpoint(step: int) -> None:
+        if rank == 0:
+            _save(out_dir, step, model, opt, sched, cfg, dcfg)
+        if world > 1:
+            torch.distributed.barrier()
+
+    if feed:
+        feed.release_consumed(start * g)  # finish a release a kill interrupted
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16)
     os.makedirs(out_dir, exist_ok=True)
     bar = tqdm(range(start, total), desc="train eagle3", unit="step", initial=start, total=total, disable=rank != 0)
@@ -225,9 +236,11 @@ def train(
             t0 = time.time()
             sums: dict[str, float] = {}
             tokens = 0
+            if feed:
+                feed.wait_for(step * g, (step + 1) * g, step * g, lambda s=step: checkpoint(s))
             for m in range(cfg.grad_accum):
                 first = step * g + (m * world + rank) * cfg.batch_size
-                rows = [data.sample(order.sample(first + j)) for j in range(cfg.batch_size)]
+                rows = [data.row(*order.locate(first + j)) for j in range(cfg.batch_size)]
                 batch = collate(rows, cfg.max_len).to(device)
                 tokens += int(batch.loss_mask.sum())
                 sync = m == cfg.grad_accum - 1 or world == 1
@@ -265,14 +278,16 @@ def train(
                 log.flush()
                 bar.set_postfix(loss=f"{sums['loss']:.3f}", acc0=f"{sums.get('acc_0', 0):.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == total:
-                if rank == 0:
-                    _save(out_dir, step + 1, model, opt, sched, cfg, dcfg)
-                if world > 1:
-                    torch.distributed.barrier()
+                checkpoint(step + 1)
+                if feed:
+                    feed.release_consumed((step + 1) * g)
     finally:
         if log:
             log.close()
-    summary = {"steps": total, "world_size": world, "global_batch": g, "samples": len(data), "draft": dcfg.to_dict()}
+    if feed:
+        feed.drain()
+    summary = {"steps": total, "world_size": world, "global_batch": g, "samples": order.per_pass,
+               "shuffle_window": cfg.shuffle_window, "streaming": stream, "draft": dcfg.to_dict()}  # fmt: skip
     if rank == 0:
         fileio.write_json(os.path.join(out_dir, "train.json"), summary)
     return summary
