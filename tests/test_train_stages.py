@@ -113,6 +113,11 @@ def _synthetic_shards(out, text_model, n=12, seed=0, per_shard=4):
 def synthetic(text_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("train-stages")
     data = _synthetic_shards(str(root / "extract"), text_model)
+    return {"root": root, "data": data, "vocab": _synthetic_vocab(root / "vocab"), "target": text_model}
+
+
+def _synthetic_vocab(out) -> str:
+    """A draft vocabulary of 3 in 4 target tokens (d2t/t2d as `vocab` writes them)."""
     from safetensors.torch import save_file
 
     from vllm_k2_plugin.train.vocab import VOCAB_FILE
@@ -120,9 +125,9 @@ def synthetic(text_model, tmp_path_factory):
     keep = torch.arange(1024)[torch.arange(1024) % 4 != 3]
     t2d = torch.zeros(1024, dtype=torch.bool)
     t2d[keep] = True
-    os.makedirs(root / "vocab")
-    save_file({"d2t": keep - torch.arange(len(keep)), "t2d": t2d}, str(root / "vocab" / VOCAB_FILE))
-    return {"root": root, "data": data, "vocab": str(root / "vocab"), "target": text_model}
+    os.makedirs(out)
+    save_file({"d2t": keep - torch.arange(len(keep)), "t2d": t2d}, str(out / VOCAB_FILE))
+    return str(out)
 
 
 def test_shards_read_back_and_detect_corruption(synthetic, tmp_path):

@@ -32,7 +32,7 @@ from vllm_k2_plugin.train.order import OrderError, SampleOrder
 from vllm_k2_plugin.train.recipe import RecipeError, load_recipe, stop_group
 
 from .conftest import REPO, engine_env
-from .test_train_stages import _synthetic_shards
+from .test_train_stages import _synthetic_shards, _synthetic_vocab
 
 WINDOW = 2  # shards per shuffle window
 BUDGET_SHARDS = 3
@@ -228,18 +228,9 @@ TRAIN = ["--batch-size", "2", "--ttt-steps", "3", "--save-every", "100", "--lr",
 @pytest.fixture(scope="module")
 def source(text_model, tmp_path_factory):
     """A finished extraction in the shard format (24 samples, 2 per shard) and a vocab."""
-    from safetensors.torch import save_file
-
-    from vllm_k2_plugin.train.vocab import VOCAB_FILE
-
     root = tmp_path_factory.mktemp("stream-src")
     data = _synthetic_shards(str(root / "extract"), text_model, n=24, per_shard=2)
-    keep = torch.arange(1024)[torch.arange(1024) % 4 != 3]
-    t2d = torch.zeros(1024, dtype=torch.bool)
-    t2d[keep] = True
-    os.makedirs(root / "vocab")
-    save_file({"d2t": keep - torch.arange(len(keep)), "t2d": t2d}, str(root / "vocab" / VOCAB_FILE))
-    return {"root": root, "data": data, "vocab": str(root / "vocab"), "target": text_model}
+    return {"root": root, "data": data, "vocab": _synthetic_vocab(root / "vocab"), "target": text_model}
 
 
 def _train_cmd(src, data, out, *extra):
