@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -161,6 +162,8 @@ def _bench_ab(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     result = run_ab(cfg)
+    result["command"] = "vllm-k2 " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     files = write_all(result, args.out)
     print(open(files["markdown"]).read())
     print(json.dumps(files, indent=1))

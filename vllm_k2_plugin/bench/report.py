@@ -17,6 +17,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# bench ab: {cfg['model']}",
         "",
+        *([f"Command: `{result['command']}`", f"Date: {result['date']}", ""] if "command" in result else []),
         f"{cfg['rounds']} round(s), modes alternating; {len(cfg['prompts'])} prompts, max_tokens {cfg['max_tokens']}, "
         "greedy. Ratios are per round against the baseline, median [min, max].",
         "",
