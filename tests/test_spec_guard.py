@@ -69,7 +69,7 @@ def test_hysteresis_no_flapping_between_near_equal_k():
 
 def test_buckets_are_independent_and_a_switch_back_happens():
     assert [bucket_of(b) for b in (1, 2, 3, 4, 7, 8)] == [0, 1, 1, 2, 2, 3]
-    guard = SpecGuard(3, probe_every=32)
+    guard = SpecGuard(3)
     simulate(guard, 0.0, lambda k: 10 + 1.2 * k, batch=1)
     simulate(guard, 0.0, lambda k: 10 + 1.2 * k, batch=8)
     assert guard._buckets[0].k == 0 and guard._buckets[3].k == 0

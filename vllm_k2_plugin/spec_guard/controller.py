@@ -8,9 +8,10 @@ tokens per request-step at k are 1 + sum of the first k positions' acceptance ra
 is that over the step time. The guard moves to the best k only when it beats the current
 one by ``margin`` at ``patience`` consecutive steps (hysteresis). A k whose step time was never measured is costed by
 linear interpolation between measured ones; short probes (``probe_len`` steps, the first
-after ``warmup`` steps, then at doubling intervals up to ``probe_every``) keep the
-estimates of the k not in use fresh: k = 0 for its step time, the largest k for
-acceptance.
+after ``warmup`` steps, then at doubling intervals from 32 up to ``probe_every``) keep the
+estimates of the k not in use fresh: at full k, k = 0 for its step time (rarely: it
+forgoes accepted tokens); below full k, full k for the acceptance of the positions not
+drafted (at most ``probe_every_off`` steps apart).
 
 Pure Python, no vLLM: the scheduler patch feeds it and reads its table.
 """
@@ -55,7 +56,8 @@ class SpecGuard:
         margin: float = 0.05,
         patience: int = 16,
         ema: float = 0.2,
-        probe_every: int = 128,
+        probe_every: int = 256,
+        probe_every_off: int = 128,
         probe_len: int = 3,
         warmup: int = 8,
     ):
@@ -64,6 +66,7 @@ class SpecGuard:
         self.max_k = max_k
         self.margin, self.ema, self.patience = margin, ema, patience
         self.probe_every, self.probe_len, self.warmup = probe_every, probe_len, warmup
+        self.probe_every_off = probe_every_off
         #: (drafted, accepted) per position of the last ``window`` steps that drafted
         self._accept: deque[tuple[list[int], list[int]]] = deque(maxlen=window)
         self._buckets: dict[int, _Bucket] = {}
@@ -86,9 +89,12 @@ class SpecGuard:
             b.probe_left -= 1
             return None
         if b.steps >= b.next_probe:
-            b.probe_k = 0 if b.k > 0 else self.max_k
+            # at full k, probe k = 0 (its step time); below it, probe full k (the acceptance
+            # of the positions not drafted). Probing k = 0 forgoes accepted tokens: rarer.
+            b.probe_k = 0 if b.k == self.max_k else self.max_k
             b.probe_left = self.probe_len
-            b.interval = min(self.probe_every, max(self.warmup, 2 * b.interval))
+            cap = self.probe_every if b.probe_k == 0 else self.probe_every_off
+            b.interval = min(cap, max(32, 2 * b.interval))
             b.next_probe = b.steps + self.probe_len + b.interval
             return None
         return self._decide(bucket_of(batch), b)
