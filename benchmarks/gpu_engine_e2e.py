@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONTEXTS = (4096, 32768, 131072)
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
-CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check")
+CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step")
 
 # --------------------------------------------------------------------------- models
 
@@ -167,6 +167,15 @@ def _install_counters(worker) -> str:
         m.MLACommonImpl.forward_mha = counted_mha
     impls = sorted({type(mod.impl).__name__ for mod in worker.model_runner.model.modules() if hasattr(mod, "impl")})
     return ",".join(impls)
+
+
+def _draft_graph_stats(worker) -> dict | None:
+    """The draft-step-graph patch's per-proposer state: shapes captured, failed, replays."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    graphs = drafter.__dict__.get("_vllm_k2_draft_graphs") if drafter is not None else None
+    if graphs is None:
+        return None
+    return {"captured": sorted(k[0] for k in graphs.graphs), "failed": len(graphs.failed), "replays": graphs.replays}
 
 
 def _read_counters(worker, reset: bool) -> dict:
@@ -361,13 +370,22 @@ def run_case(case: dict) -> dict:
                                 "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3), "spec": dn}  # fmt: skip
                 best["counters"] = llm.collective_rpc(_read_counters, args=(True,))[0]
                 result["contexts"][str(ctx)] = best
-        elif case["task"] == "profile":  # in-process engine (case_env): the profiler sees its kernels
-            ctx = case["contexts"][0]
-            rng = random.Random(0)
-            prompt = {"prompt_token_ids": [rng.randrange(100, case["vocab"] - 100) for _ in range(ctx - GEN - 8)]}
+        elif case["task"] in ("profile", "hostprof"):  # in-process engine (case_env): profilers see it all
+            if "contexts" in case:
+                rng = random.Random(0)
+                ids = [rng.randrange(100, case["vocab"] - 100) for _ in range(case["contexts"][0] - GEN - 8)]
+                prompt = {"prompt_token_ids": ids}
+            else:
+                prompt = json.loads(Path(case["prompts"]).read_text())[0]
             timed(prompt, 1)
             timed(prompt, GEN)  # warm
             result["profile"] = profile_steps(lambda: timed(prompt, GEN))
+            if case["task"] == "hostprof":
+                wall, d, toks = timed(prompt, GEN)
+                result["wall_ms_per_step"] = round(1000 * wall / (d["drafts"] or (len(toks) - 1)), 3)
+                result["host"] = host_profile(lambda: timed(prompt, GEN))
+    if spec:
+        result["draft_graphs"] = llm.collective_rpc(_draft_graph_stats)[0]
     return result
 
 
@@ -398,6 +416,30 @@ def profile_steps(run) -> dict:
         "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
         "top_kernels_ms_per_step": {k: round(v / 1000 / steps, 3) for k, v in per_name.most_common(12)},
+    }
+
+
+def host_profile(run, top: int = 45) -> dict:
+    """cProfile of the engine's own thread over one generation: per step, the functions
+    with the most inclusive and the most own time (profiler overhead inflates both)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    wall, spec, toks = run()
+    prof.disable()
+    steps = spec["drafts"] or (len(toks) - 1)
+    rows = []
+    for (file, line, fn), (_cc, ncalls, own, incl, _callers) in pstats.Stats(prof).stats.items():
+        where = file.split("site-packages/")[-1].split("/work/")[-1] if file != "~" else ""
+        rows.append((f"{where}:{line}:{fn}", ncalls / steps, 1000 * own / steps, 1000 * incl / steps))
+    fmt = lambda r: {"fn": r[0], "calls": round(r[1], 2), "own_ms": round(r[2], 4), "incl_ms": round(r[3], 4)}  # noqa: E731
+    return {
+        "steps": steps,
+        "wall_ms_per_step_profiled": round(1000 * wall / steps, 3),
+        "by_inclusive": [fmt(r) for r in sorted(rows, key=lambda r: -r[3])[:top]],
+        "by_own": [fmt(r) for r in sorted(rows, key=lambda r: -r[2])[:top]],
     }
 
 
@@ -713,7 +755,49 @@ def suite(name: str, models: Path) -> list[dict]:
                 "spec": {"method": "eagle3", "model": str(models / "slice-draft"), "k": 3},
             },
         ]
-    raise SystemExit(f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile")
+    if name == "hostprof":  # where a speculative step's host time goes (cProfile + torch.profiler)
+        t = {**tiny, "task": "hostprof", "graphs": True, "backend": "ours"}
+        s4k = {"model": str(models / "slice"), "max_model_len": 8192, "gpu_memory_utilization": 0.45,
+               "kv_cache_bytes": 2 << 30, "task": "hostprof", "dummy": True, "graphs": True, "backend": "ours",
+               "contexts": [4096], "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
+        return [
+            {**t, "name": "hostprof-tiny-plain"},
+            {**t, "name": "hostprof-tiny-eagle3-k3", "spec": e3("draft")},
+            {**t, "name": "hostprof-tiny-eagle3-k3-aot", "spec": e3("draft"), "aot_compile": True},
+            {**t, "name": "hostprof-tiny-ngram-k3", "spec": {"method": "ngram", "k": 3}},
+            {**s4k, "name": "hostprof-slice-plain"},
+            {**s4k, "name": "hostprof-slice-eagle3-k3", "spec": e3("slice-draft")},
+        ]
+    if name in ("dgtiny", "dgslice", "dgprof"):  # the draft step as one graph (patch draft-step-graph) vs not
+        e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
+        if name == "dgtiny":
+            t = {**tiny, "graphs": True, "backend": "ours"}
+            return [
+                {**t, "name": "dg-tiny-ours-plain"},
+                {**t, "name": "dg-tiny-ours-eagle3-k3-stockdraft", "spec": e3("draft"), "draft_graph": False},
+                {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph", "spec": e3("draft"), "draft_graph": True},
+            ]
+        base = {"model": str(models / "slice"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.45,
+                "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True,
+                "contexts": list(CONTEXTS), "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        if name == "dgslice":
+            return [
+                {**base, "name": "dg-slice-ours-plain", "backend": "ours"},
+                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3("slice-draft"),
+                 "draft_graph": True},
+                {**base, "name": "dg-slice-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3("slice-draft"),
+                 "draft_graph": False},
+                {**base, "name": "dg-slice-stock-eagle3-k3", "backend": "stock", "spec": e3("slice-draft")},
+                {**base, "name": "dg-slice-stock-plain", "backend": "stock"},
+            ]  # fmt: skip
+        prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
+                "contexts": [4096]}  # fmt: skip
+        return [
+            {**prof, "name": "dg-prof-slice-eagle3-k3-draftgraph", "spec": e3("slice-draft"), "draft_graph": True},
+            {**prof, "name": "dg-prof-slice-plain"},
+        ]
+    raise SystemExit(f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, dgtiny, dgslice, dgprof")
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
@@ -756,10 +840,18 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
     env = dict(os.environ, E2E_GROUP_DIR=group_dir, E2E_GROUP_SIZE=str(size), VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    if case.get("graphs") and not case.get("aot_compile"):
+        # Cases compile with backend "eager" (no Inductor wait). With that backend vLLM 0.20 skips AOT
+        # compilation but, AOT being on by default, re-hashes the whole config on every call of a
+        # compiled model (hostprof, cProfile: 8.5 of 18.9 ms per EAGLE-3 step, in the drafter's passes).
+        # Inductor builds (the default) set the AOT function once and never pay this.
+        env["VLLM_USE_AOT_COMPILE"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if case["backend"] == "stock":
-        env["VLLM_K2_DISABLE_PATCHES"] = "triton-mla-k2-decode"
-    if case["task"] == "profile":
+        env["VLLM_K2_DISABLE_PATCHES"] = "triton-mla-k2-decode,draft-step-graph"
+    if "draft_graph" in case:
+        env["VLLM_K2_DRAFT_GRAPH"] = "1" if case["draft_graph"] else "0"
+    if case["task"] in ("profile", "hostprof"):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if case.get("fault"):
         env.update(VLLM_K2_EXTRA_PATCH_MODULES="tests.mla_faults", MLA_FAULT=case["fault"])
@@ -768,7 +860,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
 
 def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("tiny", "gguf"):
+    if name in ("tiny", "gguf", "hostprof", "dgtiny"):
         from vllm_k2_plugin.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))

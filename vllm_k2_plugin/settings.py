@@ -25,6 +25,10 @@ ENV_TRACE_DIR = "VLLM_K2_TRACE_DIR"
 #: 0 = no speculation guard: vLLM speculates with the configured k at every step.
 ENV_SPEC_GUARD = "VLLM_K2_SPEC_GUARD"
 
+#: EAGLE draft step as one CUDA graph per decode shape: 1 = on (without a GPU: the same
+#: static-buffer path, uncaptured), 0 = off, unset = on where CUDA graphs can be captured.
+ENV_DRAFT_GRAPH = "VLLM_K2_DRAFT_GRAPH"
+
 #: GGUF force-dequant globs (or "all"); --model-loader-extra-config takes precedence.
 ENV_GGUF_FORCE_DEQUANT = "VLLM_K2_GGUF_FORCE_DEQUANT"
 
@@ -43,6 +47,18 @@ def _csv(name: str) -> frozenset[str]:
 def spec_guard_enabled() -> bool:
     """The guard is on unless VLLM_K2_SPEC_GUARD is set to a false value."""
     return os.environ.get(ENV_SPEC_GUARD, "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def draft_graph_setting() -> str:
+    """'on', 'off' or 'auto' from VLLM_K2_DRAFT_GRAPH (unset: auto)."""
+    raw = os.environ.get(ENV_DRAFT_GRAPH, "").strip().lower()
+    if not raw:
+        return "auto"
+    if raw in _TRUE:
+        return "on"
+    if raw in {"0", "false", "no", "off"}:
+        return "off"
+    raise ValueError(f"{ENV_DRAFT_GRAPH}={raw!r}: expected 1 or 0 (or unset)")
 
 
 @dataclass(frozen=True)
@@ -72,5 +88,6 @@ DOCUMENTED = (
     (ENV_EXTRA_PATCH_MODULES, "comma list of modules whose import registers extra patches"),
     (ENV_TRACE_DIR, "directory for one JSON record per process that loaded the plugin"),
     (ENV_GGUF_FORCE_DEQUANT, "GGUF tensors to dequantize at load: globs or 'all'"),
+    (ENV_DRAFT_GRAPH, "0 = drafter passes on vLLM's piecewise graphs (default: one graph per decode step)"),
     (ENV_SPEC_GUARD, "0 = speculate with the configured k at every step (default: the guard picks k, 0 = off)"),
 )

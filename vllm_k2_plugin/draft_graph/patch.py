@@ -1,0 +1,81 @@
+"""Patch ``draft-step-graph``: vLLM's EAGLE proposer replays a uniform decode step's
+whole ``propose`` as one CUDA graph (see graphs.py)."""
+
+from __future__ import annotations
+
+from ..patching import REGISTRY, PatchContext
+from ..settings import ENV_DRAFT_GRAPH, draft_graph_setting
+
+MODULE = "vllm.v1.spec_decode.llm_base_proposer"
+ATTR = "_vllm_k2_draft_graphs"
+
+
+def _capture_possible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _not_wanted() -> str | None:
+    setting = draft_graph_setting()
+    if setting == "off":
+        return f"{ENV_DRAFT_GRAPH}=0"
+    if setting == "auto" and not _capture_possible():
+        return f"no CUDA device (set {ENV_DRAFT_GRAPH}=1 to run the same static-buffer path uncaptured)"
+    return None
+
+
+def _upstream_graphs_drafts() -> bool:
+    """Hand a bare proposer a FULL_AND_PIECEWISE engine mode: stock vLLM keeps its
+    drafter on piecewise graphs; an upstream with full draft graphs passes FULL on."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    seen = []
+    probe = SpecDecodeBaseProposer.__new__(SpecDecodeBaseProposer)
+    probe.speculative_config = type("Spec", (), {"enforce_eager": False})()
+    probe.cudagraph_dispatcher = type("D", (), {"initialize_cudagraph_keys": lambda self, m, *a, **k: seen.append(m)})()
+    try:
+        SpecDecodeBaseProposer.initialize_cudagraph_keys(probe, CUDAGraphMode.FULL_AND_PIECEWISE)
+    except Exception:  # noqa: BLE001 - a changed signature: treat as not upstream, the patch's own checks run
+        return False
+    return bool(seen) and seen[-1].decode_mode() == CUDAGraphMode.FULL
+
+
+def _wrap_propose(original):
+    def propose(self, *args, **kwargs):
+        graphs = self.__dict__.get(ATTR)
+        if graphs is None:
+            from .graphs import DraftGraphs
+
+            graphs = DraftGraphs(self, original, capture=_capture_possible() and _uses_graphs(self))
+            self.__dict__[ATTR] = graphs
+        return graphs(*args, **kwargs)
+
+    return propose
+
+
+def _uses_graphs(proposer) -> bool:
+    """Capture only where the engine runs CUDA graphs at all (not under enforce_eager)."""
+    from vllm.config import CUDAGraphMode
+
+    mode = proposer.vllm_config.compilation_config.cudagraph_mode
+    return mode is not None and mode != CUDAGraphMode.NONE and not proposer.speculative_config.enforce_eager
+
+
+@REGISTRY.patch(
+    name="draft-step-graph",
+    feature="draft_graph",
+    target=f"{MODULE}:SpecDecodeBaseProposer.propose",
+    applies_to=">=0.20",
+    only_if=_not_wanted,
+    already_upstream=_upstream_graphs_drafts,
+    upstream="none yet (vLLM's EAGLE proposer supports piecewise graphs only)",
+    why="the drafter's k passes are host-bound under piecewise graphs (metadata, attention, lm_head per pass)",
+    remove_when="vLLM captures the draft passes in full graphs (the probe sees FULL reach the drafter's dispatcher)",
+)
+def _apply(ctx: PatchContext) -> None:
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    ctx.target()
+    ctx.wrap(llm_base_proposer.SpecDecodeBaseProposer, "propose", _wrap_propose)
