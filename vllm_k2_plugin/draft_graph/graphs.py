@@ -14,7 +14,8 @@ What makes this sound, and is checked per call (anything else runs stock):
 * every drafter attention layer uses a metadata builder on ``REPLAYABLE_BUILDERS``: their
   kernels read lengths from device tensors and take no host value that changes from step
   to step (TRITON_ATTN: the host-side ``max_seq_len`` is not used by its kernel);
-* no multimodal embeddings in the call.
+* no multimodal embeddings in the call, and greedy drafts (vLLM releases that can sample
+  drafts per request do so only when some request is not greedy: such steps run stock).
 The first call of a shape runs stock (its result is returned), then the static-buffer
 path once on the same inputs, which must give the same drafts, then the capture; any
 failure leaves that shape on the stock path, logged once.
@@ -132,6 +133,9 @@ class DraftGraphs:
             return None  # not a verify step of uniform decode (a prefill, a partial batch)
         if self.capture and not self._replayable_builders():
             return None
+        sampling = args.get("sampling_metadata")
+        if getattr(self.proposer, "_enable_probabilistic_draft_probs", False) and not sampling.all_greedy:
+            return None  # drafts sampled per request (its generators and temperatures are not static inputs)
         shapes = tuple(
             (k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, v is None)
             for k, v in args.items()
