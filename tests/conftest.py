@@ -62,6 +62,16 @@ def text_model(fixture_root) -> str:
     return build_fixture("text", str(fixture_root / "text"))
 
 
+@pytest.fixture(scope="session")
+def trained_pair_random_drafter(fixture_root) -> tuple[str, str]:
+    """The trained tiny K2.5 target (it writes real code) and a random-weight EAGLE-3
+    drafter for it (its drafts are nearly never accepted)."""
+    from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
+
+    target = build_fixture("trained-k25", str(fixture_root / "trained-k25"))
+    return target, build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     """Environment for a process that starts a CPU vLLM engine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_K2_")}

@@ -22,11 +22,8 @@ def per_request(steps: list[dict[str, list[int]]]) -> dict[str, list[list[int]]]
 
 
 @pytest.fixture(scope="module")
-def draft_runs(fixture_root, tmp_path_factory):
-    from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
-
-    target = build_fixture("trained-k25", str(fixture_root / "trained-k25"))
-    draft = build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)
+def draft_runs(trained_pair_random_drafter, tmp_path_factory):
+    target, draft = trained_pair_random_drafter
     runs = {}
     for name, flag in (("stock", "0"), ("static", "1")):
         tmp = tmp_path_factory.mktemp(f"draft-graph-{name}")

@@ -84,12 +84,8 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "impo
 
 
 @pytest.fixture(scope="module")
-def guard_runs(fixture_root, tmp_path_factory):
-    from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
-
-    # the trained target writes real code; a random-weight drafter's drafts are (nearly) never accepted
-    target = build_fixture("trained-k25", str(fixture_root / "trained-k25"))
-    draft = build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)
+def guard_runs(trained_pair_random_drafter, tmp_path_factory):
+    target, draft = trained_pair_random_drafter
     runs = {}
     for name, flag in (("off", "0"), ("on", "1")):
         job = {
