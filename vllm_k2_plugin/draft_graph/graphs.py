@@ -137,11 +137,11 @@ class DraftGraphs:
         if getattr(self.proposer, "_enable_probabilistic_draft_probs", False) and not sampling.all_greedy:
             return None  # drafts sampled per request (its generators and temperatures are not static inputs)
         shapes = tuple(
-            (k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, v is None)
-            for k, v in args.items()
-            if k not in (self.cad_name, "sampling_metadata", "slot_mappings")
+            (name, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (name, v is None)
+            for name, v in args.items()
+            if name not in (self.cad_name, "sampling_metadata", "slot_mappings")
         )
-        scalars = tuple((k, v) for k, v in args.items() if isinstance(v, (int, bool)))
+        scalars = tuple((name, v) for name, v in args.items() if isinstance(v, (int, bool)))
         cad_shapes = tuple(
             (f.name, tuple(getattr(cad, f.name).shape))
             for f in dataclasses.fields(cad)
