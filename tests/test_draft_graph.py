@@ -65,3 +65,14 @@ def test_static_buffer_draft_step_proposes_what_stock_proposes(draft_runs):
     assert sum(len(v) for v in static["drafts"].values()) > 30
     assert static["drafts"] == stock["drafts"]
     assert [o["token_ids"] for o in static["outputs"]] == [o["token_ids"] for o in stock["outputs"]]
+
+
+def test_setting_parses_strictly_and_names_the_variable(monkeypatch):
+    from vllm_k2_plugin.settings import ENV_DRAFT_GRAPH, draft_graph_setting
+
+    for raw, want in (("", "auto"), ("1", "on"), ("on", "on"), ("0", "off"), ("false", "off")):
+        monkeypatch.setenv(ENV_DRAFT_GRAPH, raw)
+        assert draft_graph_setting() == want, raw
+    monkeypatch.setenv(ENV_DRAFT_GRAPH, "sometimes")
+    with pytest.raises(ValueError, match=f"{ENV_DRAFT_GRAPH}='sometimes'"):
+        draft_graph_setting()
