@@ -1,7 +1,8 @@
 """Which number of speculative tokens k (0 = no speculation) to schedule next.
 
-Per batch-size bucket (1, 2-3, 4-7, ...): an exponential moving average of the measured
-step time at each k, and a moving window of vLLM's acceptance counts per draft position
+Per batch-size bucket (1, 2-3, 4-7, ...): the median of the last ``cost_window`` measured
+step times at each k (a median: one slow step, such as the first at a new k or a host
+hiccup, must not outweigh a whole probe), and a moving window of vLLM's acceptance counts per draft position
 (shared by all buckets: acceptance depends on the text, not on the batch). The expected
 tokens per request-step at k are 1 + sum of the first k positions' acceptance rates
 (a position counts as accepted only when every earlier one was), so the throughput at k
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 
 def bucket_of(batch: int) -> int:
@@ -38,7 +40,7 @@ class Decision:
 @dataclass
 class _Bucket:
     k: int
-    step_ms: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, deque[float]] = field(default_factory=dict)
     steps: int = 0
     probe_left: int = 0
     probe_k: int = 0
@@ -55,7 +57,7 @@ class SpecGuard:
         window: int = 64,
         margin: float = 0.05,
         patience: int = 16,
-        ema: float = 0.2,
+        cost_window: int = 9,
         probe_every: int = 256,
         probe_every_off: int = 128,
         probe_len: int = 3,
@@ -64,7 +66,7 @@ class SpecGuard:
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         self.max_k = max_k
-        self.margin, self.ema, self.patience = margin, ema, patience
+        self.margin, self.cost_window, self.patience = margin, cost_window, patience
         self.probe_every, self.probe_len, self.warmup = probe_every, probe_len, warmup
         self.probe_every_off = probe_every_off
         #: (drafted, accepted) per position of the last ``window`` steps that drafted
@@ -82,8 +84,7 @@ class SpecGuard:
     def observe_step(self, batch: int, k: int, step_ms: float) -> Decision | None:
         """One decode step of ``batch`` requests scheduled with ``k`` took ``step_ms``."""
         b = self._bucket(batch)
-        prev = b.step_ms.get(k)
-        b.step_ms[k] = step_ms if prev is None else (1 - self.ema) * prev + self.ema * step_ms
+        b.samples.setdefault(k, deque(maxlen=self.cost_window)).append(step_ms)
         b.steps += 1
         if b.probe_left > 0:
             b.probe_left -= 1
@@ -118,19 +119,24 @@ class SpecGuard:
     def expected_tokens(self, k: int) -> float:
         return 1.0 + sum(self.acceptance()[:k])
 
-    def _cost(self, b: _Bucket, k: int) -> float | None:
-        if k in b.step_ms:
-            return b.step_ms[k]
-        lo = max((j for j in b.step_ms if j < k), default=None)
-        hi = min((j for j in b.step_ms if j > k), default=None)
+    def step_ms(self, batch: int) -> dict[int, float]:
+        """Estimated step time by measured k for a batch of this size."""
+        return {k: median(v) for k, v in self._bucket(batch).samples.items()}
+
+    def _cost(self, measured: dict[int, float], k: int) -> float | None:
+        if k in measured:
+            return measured[k]
+        lo = max((j for j in measured if j < k), default=None)
+        hi = min((j for j in measured if j > k), default=None)
         if lo is None or hi is None:
             return None
-        return b.step_ms[lo] + (b.step_ms[hi] - b.step_ms[lo]) * (k - lo) / (hi - lo)
+        return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
 
     def _decide(self, bucket: int, b: _Bucket) -> Decision | None:
         rate = {}
+        measured = {k: median(v) for k, v in b.samples.items()}
         for k in range(self.max_k + 1):
-            cost = self._cost(b, k)
+            cost = self._cost(measured, k)
             if cost is not None and cost > 0:
                 rate[k] = self.expected_tokens(k) / cost
         if b.k not in rate or not rate:
