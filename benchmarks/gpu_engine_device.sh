@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent H200 (device tool, repo root, with .gpub/big .gpub/s .gpub/e2e carried): vLLM 0.20
 # from the bundle (../shared/gpu-vllm/README.md) with this package installed into it, then
-# the steps named: pytest (GPU tests of the MLA kernel and backend) and e2e suites
+# the steps named: pytest (GPU tests of the MLA kernel and backend, drafter attention) and e2e suites
 # (tiny, slice, slice-k; see gpu_engine_e2e.py). Each suite's results come back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
 set -u
@@ -18,7 +18,7 @@ for step in "$@"; do
   case $step in
     pytest)
       timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_mla_kernel.py tests/test_mla_backend.py 2>&1 | tail -15 ;;
+        tests/test_mla_kernel.py tests/test_mla_backend.py tests/test_draft_attention.py 2>&1 | tail -15 ;;
     *)
       suite=${step%%:*}; par=${step#*:}; [ "$par" = "$step" ] && par=1
       echo "== suite $suite (parallel $par, ${left}s left)"

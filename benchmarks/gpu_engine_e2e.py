@@ -777,7 +777,9 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**t, "name": "dg-tiny-ours-plain"},
                 {**t, "name": "dg-tiny-ours-eagle3-k3-stockdraft", "spec": e3("draft"), "draft_graph": False},
                 {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph", "spec": e3("draft"), "draft_graph": True},
-            ]
+                {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph-prefill2d", "spec": e3("draft"), "draft_graph": True,
+                 "disable": [PREFILL_AS_DECODE]},
+            ]  # fmt: skip
         base = {"model": str(models / "slice"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.45,
                 "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True,
                 "contexts": list(CONTEXTS), "vocab": slice_config()["vocab_size"]}  # fmt: skip
@@ -786,6 +788,8 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**base, "name": "dg-slice-ours-plain", "backend": "ours"},
                 {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3("slice-draft"),
                  "draft_graph": True},
+                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d", "backend": "ours",
+                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [PREFILL_AS_DECODE]},
                 {**base, "name": "dg-slice-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3("slice-draft"),
                  "draft_graph": False},
                 {**base, "name": "dg-slice-stock-eagle3-k3", "backend": "stock", "spec": e3("slice-draft")},
@@ -838,6 +842,10 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
     save_file(tensors, str(ref / "model.safetensors"))
 
 
+#: The drafter's first pass through TRITON_ATTN's split-KV decode kernel (patch draft-prefill-as-decode).
+PREFILL_AS_DECODE = "draft-prefill-as-decode"
+
+
 def case_env(case: dict, group_dir: str, size: int) -> dict:
     env = dict(os.environ, E2E_GROUP_DIR=group_dir, E2E_GROUP_SIZE=str(size), VLLM_ALLOW_INSECURE_SERIALIZATION="1")
     if case.get("graphs") and not case.get("aot_compile"):
@@ -847,8 +855,11 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         # Inductor builds (the default) set the AOT function once and never pay this.
         env["VLLM_USE_AOT_COMPILE"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    off = list(case.get("disable", []))
     if case["backend"] == "stock":
-        env["VLLM_K2_DISABLE_PATCHES"] = "triton-mla-k2-decode,draft-step-graph"
+        off += ["triton-mla-k2-decode", "draft-step-graph", PREFILL_AS_DECODE]
+    if off:
+        env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:
         env["VLLM_K2_DRAFT_GRAPH"] = "1" if case["draft_graph"] else "0"
     if case["task"] in ("profile", "hostprof"):
