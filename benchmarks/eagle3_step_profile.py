@@ -8,7 +8,11 @@ Python-heavy parts (scheduler, proposer bookkeeping) more than the model's kerne
 the split, not the absolute tok/s (`vllm-k2 bench ab` measures those without a profiler).
 
     python benchmarks/eagle3_step_profile.py --target TARGET --draft DRAFT [--k 3] [--prompts FILE]
-        [--max-tokens 96] [--out OUT.json]
+        [--max-tokens 96] [--with-k0] [--out OUT.json]
+
+``--with-k0`` adds a third engine: the same drafter with vLLM's dynamic speculative decoding
+told to schedule k = 0 at every batch size (what the speculation guard picks when drafts
+lose), vLLM >= 0.32 only.
 
 (`--model` and `--json OUT.json` are the earlier spellings of `--target` and `--out`; still accepted.)
 
@@ -23,6 +27,7 @@ import cProfile
 import json
 import os
 import pstats
+import sys
 import time
 
 from vllm_k2_plugin import fileio
@@ -37,8 +42,15 @@ PROBES = [
     ("runner sample_tokens", "gpu_model_runner.py", "sample_tokens"),
     ("draft: propose_draft_token_ids", "gpu_model_runner.py", "propose_draft_token_ids"),
     ("draft: proposer.propose", ("v1/spec_decode/eagle.py", "v1/spec_decode/llm_base_proposer.py"), "propose"),
+    ("draft: drafter model forward", "model_executor/models/llama_eagle3.py", "forward"),
     ("rejection sampler", "v1/sample/rejection_sampler.py", "forward"),
-]
+    # vLLM's CPU ops for the speculative step's bookkeeping (Triton kernels on GPU)
+    ("cpu op: eagle_prepare_inputs_padded", "~",
+     "<built-in method torch._ops._C.eagle_prepare_inputs_padded_kernel_impl>"),
+    ("cpu op: eagle_prepare_next_token_padded", "~",
+     "<built-in method torch._ops._C.eagle_prepare_next_token_padded_kernel_impl>"),
+    ("cpu op: rejection_greedy_sample", "~", "<built-in method torch._ops._C.rejection_greedy_sample_kernel_impl>"),
+]  # fmt: skip
 
 
 def _probe(stats: pstats.Stats) -> dict:
@@ -53,12 +65,16 @@ def _probe(stats: pstats.Stats) -> dict:
     return out
 
 
-def run(model: str, draft: str | None, k: int, prompts: list[str], max_tokens: int, engine_kwargs: dict) -> dict:
+def run(
+    model: str, draft: str | None, k: int, prompts: list[str], max_tokens: int, engine_kwargs: dict, k0: bool = False
+) -> dict:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(engine_kwargs)
     if draft:
         kwargs["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
+        if k0:  # vLLM's dynamic speculative decoding: k = 0 at every batch size
+            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [(1, kwargs["max_num_seqs"], 0)]
     llm = LLM(model=model, disable_log_stats=False, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     llm.generate(prompts[:1], params)  # warm-up
@@ -71,7 +87,8 @@ def run(model: str, draft: str | None, k: int, prompts: list[str], max_tokens: i
     wall = time.perf_counter() - t0
     probes = _probe(pstats.Stats(prof))
     steps = probes.get("engine step (total)", {}).get("calls") or 1
-    result = {"draft": draft, "k": k if draft else 0, "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall,
+    result = {"draft": draft, "k": 0 if k0 or not draft else k, "tokens": tokens, "wall_s": wall,
+              "tok_per_s": tokens / wall,
               "engine_steps": steps, "tokens_per_step": tokens / steps,
               "per_step_ms": {lab: 1000 * v["seconds"] / steps for lab, v in probes.items()},
               "calls": {lab: v["calls"] for lab, v in probes.items()}}  # fmt: skip
@@ -92,8 +109,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", "--json", dest="out", help="write the rows here (JSON)")
+    ap.add_argument("--with-k0", action="store_true", help="also the drafter scheduled at k = 0 (vLLM >= 0.32)")
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
+    os.environ["VLLM_K2_SPEC_GUARD"] = "0"  # fixed k per engine: the guard would change it mid-run
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.target)
@@ -103,17 +122,35 @@ def main() -> None:
     engine = dict(dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True, trust_remote_code=True)
     rows = [run(a.target, None, 0, prompts, a.max_tokens, engine),
             run(a.target, a.draft, a.k, prompts, a.max_tokens, engine)]  # fmt: skip
-    labels = [p[0] for p in PROBES]
-    print(f"{'per engine step (ms)':<24}" + "".join(f"{'baseline' if not r['draft'] else 'eagle3 k=' + str(r['k']):>14}"
-                                                 for r in rows))  # fmt: skip
-    for lab in labels:
-        print(f"{lab:<24}" + "".join(f"{r['per_step_ms'].get(lab, float('nan')):>14.2f}" for r in rows))
-    for key in ("tokens_per_step", "tok_per_s"):
-        print(f"{key:<24}" + "".join(f"{r[key]:>14.2f}" for r in rows))
-    print(f"{'tau (vLLM counters)':<24}{'':>14}{rows[1].get('tau') or float('nan'):>14.2f}")
-    print(f"eagle3 / baseline tok/s: {rows[1]['tok_per_s'] / rows[0]['tok_per_s']:.2f}")
+    if a.with_k0:
+        rows.append(run(a.target, a.draft, a.k, prompts, a.max_tokens, engine, k0=True))
+    table = _table(rows)
+    print(table)
     if a.out:
-        fileio.write_text(a.out, json.dumps(rows, indent=1))
+        command = "python benchmarks/eagle3_step_profile.py " + " ".join(sys.argv[1:])
+        date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        fileio.write_text(a.out, json.dumps({"command": command, "date": date, "rows": rows}, indent=1))
+        md = os.path.splitext(a.out)[0] + ".md"
+        fileio.write_text(
+            md, f"Written by `{command}` on {date} (cProfile: use the split, not the tok/s).\n\n{table}\n"
+        )
+
+
+def _table(rows: list[dict]) -> str:
+    """Markdown: per engine step, each probe's cumulative ms, one column per engine."""
+    names = ["baseline" if not r["draft"] else f"eagle3 k={r['k']}" for r in rows]
+    lines = ["| per engine step (ms) | " + " | ".join(names) + " |", "|---" * (len(rows) + 1) + "|"]
+    for lab, _suffix, _name in PROBES:
+        lines.append(f"| {lab} | " + " | ".join(f"{r['per_step_ms'].get(lab, float('nan')):.2f}" for r in rows) + " |")
+    for key in ("tokens_per_step", "tok_per_s"):
+        lines.append(f"| {key} | " + " | ".join(f"{r[key]:.2f}" for r in rows) + " |")
+    lines.append(
+        "| tau (vLLM counters) | " + " | ".join(f"{r['tau']:.2f}" if r.get("tau") else "-" for r in rows) + " |"
+    )
+    lines.append(
+        "| tok/s vs baseline | " + " | ".join(f"{r['tok_per_s'] / rows[0]['tok_per_s']:.2f}" for r in rows) + " |"
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
