@@ -6,6 +6,11 @@ CPU: vLLM's kernel under the Triton interpreter (one subprocess: the interpreter
 chosen before triton is imported; vLLM's CPU build hides triton, so the subprocess hands
 vLLM the real module). GPU (`gpu` marker, the device run): the same in bf16 at drafter
 sizes (64 query heads, 8 KV heads, head 128) up to 70k tokens.
+
+vLLM 0.20's builder and kernel (the GPU proofs' version) pass the same check when this file
+runs against the 0.20 wheel's unpacked tree (2026-11-30, all three CPU cases):
+    TRITON_INTERPRET=1 PYTHONPATH=<unpacked 0.20 wheel>:<repo> python tests/test_draft_attention.py cpu out.json
+(0.20 also imports gguf: add a directory holding gguf-py to PYTHONPATH).
 """
 
 from __future__ import annotations
