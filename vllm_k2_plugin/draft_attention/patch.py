@@ -5,10 +5,9 @@ vLLM's split-KV decode kernel runs it.
 Why: with any query longer than one token, vLLM's unified attention takes its 2D kernel,
 one program per (query block, KV head), each walking the whole context; at batch 1 that is
 8 programs for a K2.5 drafter with 8 KV heads on one GPU (1 per GPU at TP 8) over up to
-128k tokens. Its 3D kernel splits the
-context into segments, but only for one-token queries. Only where the rows fit the 3D
-kernel (rows <= the builder's ``seq_threshold_3D``); larger batches keep the 2D kernel,
-which has programs enough.
+128k tokens. Its 3D kernel splits the context into segments, but only for one-token
+queries. Rewritten only where the rows fit the 3D kernel (rows <= the builder's
+``seq_threshold_3D``); larger batches keep the 2D kernel, which has programs enough.
 """
 
 from __future__ import annotations

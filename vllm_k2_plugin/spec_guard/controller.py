@@ -2,8 +2,8 @@
 
 Per batch-size bucket (1, 2-3, 4-7, ...): the median of the last ``cost_window`` measured
 step times at each k (a median: one slow step, such as the first at a new k or a host
-hiccup, must not outweigh a whole probe), and a moving window of vLLM's acceptance counts per draft position
-(shared by all buckets: acceptance depends on the text, not on the batch). The expected
+hiccup, must not outweigh a whole probe), and a moving window of vLLM's acceptance counts
+per draft position (shared by all buckets: acceptance depends on the text, not on the batch). The expected
 tokens per request-step at k are 1 + sum of the first k positions' acceptance rates
 (a position counts as accepted only when every earlier one was), so the throughput at k
 is that over the step time. The guard moves to the best k only when it beats the current
