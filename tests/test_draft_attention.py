@@ -95,9 +95,10 @@ def _reference(q, k, v, table, contexts, q_len, page):
     """float64 causal attention over the paged cache (GQA: query head h reads KV head
     h // (heads_q // heads_kv))."""
     heads_q, heads_kv = q.shape[1], k.shape[2]
-    out = torch.empty(q.shape, dtype=torch.float64)
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     for r, c in enumerate(contexts):
-        idx = torch.tensor([int(table[r, pos // page]) * page + pos % page for pos in range(c)])
+        pos = torch.arange(c)
+        idx = (table[r, pos // page].long() * page + pos % page).to(q.device)
         kr = k.reshape(-1, heads_kv, k.shape[-1])[idx].double().repeat_interleave(heads_q // heads_kv, dim=1)
         vr = v.reshape(-1, heads_kv, v.shape[-1])[idx].double().repeat_interleave(heads_q // heads_kv, dim=1)
         for j in range(q_len):
@@ -119,7 +120,7 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
     q = torch.randn(len(contexts) * q_len, heads_q, head, generator=g).to(device, dtype)
     k = torch.randn(n_pages, page, heads_kv, head, generator=g).to(device, dtype)
     v = torch.randn(n_pages, page, heads_kv, head, generator=g).to(device, dtype)
-    ref = _reference(q.cpu(), k.cpu(), v.cpu(), common.block_table_tensor.cpu(), contexts, q_len, page)
+    ref = _reference(q, k, v, common.block_table_tensor.cpu(), contexts, q_len, page)
     result = {}
     for name, build in (
         ("stock", Builder.build_for_drafting),
@@ -138,7 +139,7 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
             softmax_segm_output=meta.softmax_segm_output, softmax_segm_max=meta.softmax_segm_max,
             softmax_segm_expsum=meta.softmax_segm_expsum,
         )  # fmt: skip
-        err = (out.double().cpu() - ref).abs()
+        err = (out.double() - ref).abs()
         result[name] = {
             "max_err": float(err.max()) if not out.isnan().any() else float("nan"),
             "split_kv": bool(not meta.softmax_segm_max.isnan().all()),
@@ -236,7 +237,7 @@ def test_upstream_probe_sees_the_rewrite():
 
 
 @pytest.mark.gpu
-def test_gpu_kernel_takes_the_split_path_and_matches_float64(tmp_path):
+def test_gpu_kernel_takes_the_split_path_and_matches_float64():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     _check(_run_all("cuda"), GPU_CASES, tol=2e-2)
