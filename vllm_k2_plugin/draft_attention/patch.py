@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..patching import REGISTRY, PatchContext
-from .rows import as_decode_rows
 
 MODULE = "vllm.v1.attention.backends.triton_attn"
 
@@ -49,6 +48,8 @@ def rows_for(builder, common, draft_index: int) -> int | None:
 def as_decode_metadata(common, q_len: int):
     """``common`` with each request's ``q_len`` query tokens as one-token sequences."""
     import torch
+
+    from .rows import as_decode_rows
 
     reqs = int(common.num_reqs)
     query_start_loc, seq_lens, block_table = as_decode_rows(common.seq_lens[:reqs], common.block_table_tensor, q_len)
