@@ -199,6 +199,8 @@ def test_non_uniform_or_too_many_rows_stay_stock():
     assert rows_for(builder, ragged, 0) is None
     many, _ = _common([40] * 5, 4, 16, torch.device("cpu"), seed=0)  # 20 rows > the 3D kernel's 16
     assert rows_for(builder, many, 0) is None
+    per_request = dataclasses.replace(common, mm_req_doc_ranges=[[(0, 8)], []])  # laid out per request: not rewritten
+    assert rows_for(builder, per_request, 0) is None
 
 
 @pytest.mark.vllm_latest
