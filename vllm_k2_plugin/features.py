@@ -20,6 +20,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.spec_guard.patch",
     "vllm_k2_plugin.draft_graph.patch",
     "vllm_k2_plugin.draft_attention.patch",
+    "vllm_k2_plugin.moe_verify.patch",
 )
 
 
