@@ -1,5 +1,5 @@
 """Report of the draft-step measurements on the H200 (vLLM 0.20, gpu_engine_e2e.py suites
-hostprof, dgtiny, dgslice): README.md + summary.json from the raw case files.
+hostprof, dgtiny, dgslice, dgmoe, dgprof): README.md + summary.json from the raw case files.
 
     python benchmarks/draft_step_report.py benchmarks/results/draft_step_h200/raw \\
         --out benchmarks/results/draft_step_h200
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_engine_e2e as e2e  # noqa: E402
 
-DRAFTERS = ("stockdraft", "draftgraph")
+DRAFTERS = ("stockdraft", "draftgraph", "draftgraph-prefill2d")
+
+
+SLICE = {
+    "ours_plain": "dg-slice-ours-plain",
+    "ours_eagle3_stockdraft": "dg-slice-ours-eagle3-k3-stockdraft",
+    "ours_eagle3_draftgraph": "dg-slice-ours-eagle3-k3-draftgraph",
+    "ours_eagle3_draftgraph_prefill2d": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d",
+    "ours_eagle3_draftgraph_kv1": "dg-slice-ours-eagle3-k3-draftgraph-kv1",
+    "stock_plain": "dg-slice-stock-plain",
+    "stock_eagle3": "dg-slice-stock-eagle3-k3",
+}
+MOE = {
+    "plain": "dg-moe-slice-ours-plain",
+    "sorted": "dg-moe-slice-ours-eagle3-k3",
+    "unsorted": "dg-moe-slice-ours-eagle3-k3-unsorted",
+}
 
 
 def _load(raw: Path) -> dict[str, dict]:
@@ -42,25 +59,50 @@ def summarize(runs: dict[str, dict]) -> dict:
             "draft_graphs": r.get("draft_graphs"),
         }
     s["tiny"]["plain"] = {"tok_s": plain["single_stream"]["tok_s"], "step_ms": e2e._step_ms(plain)}
-    a, b = (runs[f"dg-tiny-ours-eagle3-k3-{d}"] for d in DRAFTERS)
+    a, b, c = (runs[f"dg-tiny-ours-eagle3-k3-{d}"] for d in DRAFTERS)
     s["tiny"]["drafters_agree"] = {"greedy": e2e.compare_greedy(a, b), "spec_counts_equal": a["spec"] == b["spec"]}
-    names = {
-        "ours_plain": "dg-slice-ours-plain",
-        "ours_eagle3_stockdraft": "dg-slice-ours-eagle3-k3-stockdraft",
-        "ours_eagle3_draftgraph": "dg-slice-ours-eagle3-k3-draftgraph",
-        "stock_plain": "dg-slice-stock-plain",
-        "stock_eagle3": "dg-slice-stock-eagle3-k3",
+    s["tiny"]["prefill_as_decode_agree"] = {
+        "greedy": e2e.compare_greedy(c, b),
+        "spec_counts_equal": b["spec"] == c["spec"],
     }
     for ctx in runs["dg-slice-ours-plain"]["contexts"]:
-        step = {k: runs[v]["contexts"][ctx]["step_ms"] for k, v in names.items()}
+        step = {k: runs[v]["contexts"][ctx]["step_ms"] for k, v in SLICE.items()}
+        plain = step["ours_plain"]
         s["slice"][ctx] = {
             "step_ms": step,
             "spec_over_plain": {
-                "ours_draftgraph": round(step["ours_eagle3_draftgraph"] / step["ours_plain"], 2),
-                "ours_stockdraft": round(step["ours_eagle3_stockdraft"] / step["ours_plain"], 2),
+                "ours_draftgraph": round(step["ours_eagle3_draftgraph"] / plain, 2),
+                "ours_draftgraph_prefill2d": round(step["ours_eagle3_draftgraph_prefill2d"] / plain, 2),
+                "ours_draftgraph_kv1": round(step["ours_eagle3_draftgraph_kv1"] / plain, 2),
+                "ours_stockdraft": round(step["ours_eagle3_stockdraft"] / plain, 2),
                 "stock": round(step["stock_eagle3"] / step["stock_plain"], 2),
             },
+            "prefill_as_decode": round(step["ours_eagle3_draftgraph"] / step["ours_eagle3_draftgraph_prefill2d"], 2),
             "draftgraph_over_stockdraft": round(step["ours_eagle3_draftgraph"] / step["ours_eagle3_stockdraft"], 2),
+        }
+    s["moe"] = {}
+    for ctx in runs["dg-moe-slice-ours-plain"]["contexts"]:
+        step = {k: runs[v]["contexts"][ctx]["step_ms"] for k, v in MOE.items()}
+        s["moe"][ctx] = {
+            "step_ms": step,
+            "spec_over_plain": {k: round(step[k] / step["plain"], 2) for k in ("sorted", "unsorted")},
+            "sorted_over_unsorted": round(step["sorted"] / step["unsorted"], 2),
+        }
+    s["gpu_profile"] = {}
+    for name in ("dg-prof-slice-plain", "dg-prof-slice-eagle3-k3-draftgraph"):
+        p = runs[name]["profile"]
+        s["gpu_profile"][name] = {
+            "wall_ms_per_step": runs[name]["wall_ms_per_step"],
+            "gpu_busy_ms_per_step": p["gpu_busy_ms_per_step"],
+            "kernels_per_step": p["kernels_per_step"],
+            "top_kernels": {
+                k: {"ms": v, "calls": p["top_kernels_per_step"][k]} for k, v in p["top_kernels_ms_per_step"].items()
+            },
+            # the first dgprof version wrote full kernel names under the ops' key
+            "kernels_full_names": [
+                {"kernel": r.get("kernel", r.get("op")), "calls": r["calls"], "ms": r["ms"]}
+                for r in p.get("kernels_full_names", p["eager_ops_ms_per_step"])
+            ],
         }
     for name in ("hostprof-tiny-eagle3-k3", "hostprof-slice-eagle3-k3"):
         r = runs[name]
@@ -94,7 +136,11 @@ def markdown(s: dict, runs: dict[str, dict]) -> str:
         f"| plain (our MLA backend, full graphs) | {t['plain']['tok_s']} | 1.00 | {t['plain']['step_ms']} "
         "| - | - | - | - |",
     ]
-    labels = ("EAGLE-3 k=3, stock drafter passes", "EAGLE-3 k=3, draft step as one graph")
+    labels = (
+        "EAGLE-3 k=3, stock drafter passes",
+        "EAGLE-3 k=3, draft step as one graph",
+        "EAGLE-3 k=3, draft graph, first pass through the 2D kernel (draft-prefill-as-decode off)",
+    )
     for d, label in zip(DRAFTERS, labels, strict=True):
         r = t[d]
         g = r["greedy_vs_plain"]
@@ -103,30 +149,104 @@ def markdown(s: dict, runs: dict[str, dict]) -> str:
             f"{r['spec']['accepted']} | {r['spec']['per_pos']} | {e2e._fmt_div(g)} |"
         )
     agree, same = t["drafters_agree"]["greedy"], t["drafters_agree"]["spec_counts_equal"]
+    pa = t["prefill_as_decode_agree"]
     dg = t["draftgraph"]["draft_graphs"]
     lines += [
         "",
         f"Draft graph vs stock drafter: greedy identical on {agree['identical']}/{agree['prompts']} "
         f"prompts, acceptance counts {'identical' if same else 'DIFFERENT'}; graphs captured "
         f"for batch sizes {dg['captured']}, {dg['replays']} replays, {dg['failed']} shapes left stock.",
+        f"Draft-prefill-as-decode on vs off: greedy identical on {e2e._fmt_div(pa['greedy'])} prompts, "
+        "acceptance counts "
+        f"{'identical' if pa['spec_counts_equal'] else 'not identical'} (the split kernel sums in another order). "
+        "The tiny pair's contexts are a few hundred tokens and its single-stream tok/s moves by several percent from "
+        "engine to engine (the same plain case: 614.3 tok/s in the raw files these replaced, commit ab2af6c), so "
+        "this table cannot resolve the patch at short context; "
+        "the slice's 4k row below can.",
         "",
         "## K2.5-sized slice, dummy weights, single stream (suite dgslice)",
         "",
         "12 layers at K2.5's per-GPU share of TP 8; dummy weights accept no draft, so every EAGLE-3 step is a full "
-        "verify + draft step. Milliseconds per engine step, best of 2.",
+        "verify + draft step. Milliseconds per engine step: (median of 5 GEN-token requests - median of 5 interleaved "
+        "1-token requests) / steps; each case's request times are in its raw file. This suite ran before patch "
+        "moe-group-tokens-by-expert existed (dgmoe below has it on and off). The drafter (slice-draft) has 8 KV heads "
+        "(4 KiB of KV per token); kv1 is the same drafter with 1 KV head, the per-GPU share at TP 8 of a drafter with "
+        "64 query and 8 KV heads.",
         "",
-        "| context | ours plain | ours EAGLE-3 stock drafter | ours EAGLE-3 draft graph | stock plain | stock EAGLE-3 "
-        "| t_spec/t_plain ours (graph) | ours (stock drafter) | stock | graph / stock drafter |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| context | ours plain | EAGLE-3 stock drafter | draft graph | draft graph, 2D first pass | draft graph, "
+        "kv1 | stock plain | stock EAGLE-3 | t_spec/t_plain ours (graph) | 2D first pass | kv1 | stock drafter "
+        "| stock | prefill-as-decode on / off |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ctx, r in s["slice"].items():
         st, ratio = r["step_ms"], r["spec_over_plain"]
         lines.append(
             f"| {int(ctx) // 1024}k | {st['ours_plain']} | {st['ours_eagle3_stockdraft']} | "
-            f"{st['ours_eagle3_draftgraph']} | {st['stock_plain']} | {st['stock_eagle3']} | "
-            f"**{ratio['ours_draftgraph']}** | {ratio['ours_stockdraft']} | {ratio['stock']} | "
-            f"{r['draftgraph_over_stockdraft']} |"
+            f"{st['ours_eagle3_draftgraph']} | {st['ours_eagle3_draftgraph_prefill2d']} | "
+            f"{st['ours_eagle3_draftgraph_kv1']} | {st['stock_plain']} | {st['stock_eagle3']} | "
+            f"**{ratio['ours_draftgraph']}** | {ratio['ours_draftgraph_prefill2d']} | {ratio['ours_draftgraph_kv1']} | "
+            f"{ratio['ours_stockdraft']} | {ratio['stock']} | **{r['prefill_as_decode']}** |"
         )
+    lines += [
+        "",
+        "## MoE at verify sizes in the engine (suite dgmoe, one device call)",
+        "",
+        "The slice with every patch of ours, and the same with patch moe-group-tokens-by-expert off "
+        "(4 verify tokens of a dummy router touch "
+        f"{runs['dg-moe-slice-ours-eagle3-k3']['experts_dummy_router']['mean_distinct_experts']} distinct experts "
+        "per layer on average: they share experts, the case the patch is for). Same step measure as above. "
+        "Compare within one table: the unsorted case is dgslice's draft-graph configuration, measured on another "
+        f"lease: {s['moe']['4096']['step_ms']['unsorted']} ms here vs "
+        f"{s['slice']['4096']['step_ms']['ours_eagle3_draftgraph']} ms there at 4k.",
+        "",
+        "| context | ours plain | EAGLE-3, sorted by expert | EAGLE-3, unsorted (stock fused_moe) | "
+        "t_spec/t_plain sorted | unsorted | sorted / unsorted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ctx, r in s["moe"].items():
+        st, ratio = r["step_ms"], r["spec_over_plain"]
+        lines.append(
+            f"| {int(ctx) // 1024}k | {st['plain']} | {st['sorted']} | {st['unsorted']} | **{ratio['sorted']}** | "
+            f"{ratio['unsorted']} | {r['sorted_over_unsorted']} |"
+        )
+    prof = s["gpu_profile"]
+    a, b = prof["dg-prof-slice-plain"], prof["dg-prof-slice-eagle3-k3-draftgraph"]
+    lines += [
+        "",
+        "## Where an EAGLE-3 step's GPU time goes now (suite dgprof, torch.profiler, in-process engine, 4k)",
+        "",
+        f"Plain: {a['wall_ms_per_step']} ms per step wall, GPU busy {a['gpu_busy_ms_per_step']} ms, "
+        f"{a['kernels_per_step']} kernels. EAGLE-3 k=3 (draft graph, prefill-as-decode, MoE sorted): "
+        f"{b['wall_ms_per_step']} ms wall, GPU busy {b['gpu_busy_ms_per_step']} ms, {b['kernels_per_step']} kernels: "
+        f"the step is GPU-bound now; GPU busy spec / plain = "
+        f"{b['gpu_busy_ms_per_step'] / a['gpu_busy_ms_per_step']:.2f}.",
+        "",
+        "| kernel (first 80 characters) | plain ms per step | calls | EAGLE-3 ms per step | calls |",
+        "|---|---|---|---|---|",
+    ]
+
+    def order(k):  # EAGLE-3's heaviest first, then plain's, then by name: the same table every run
+        return (-b["top_kernels"].get(k, {}).get("ms", 0), -a["top_kernels"].get(k, {}).get("ms", 0), k)
+
+    for k in sorted(set(a["top_kernels"]) | set(b["top_kernels"]), key=order):
+        x, y = a["top_kernels"].get(k), b["top_kernels"].get(k)
+        cell = lambda v: f"{v['ms']} | {v['calls']}" if v else "- | -"  # noqa: E731
+        lines.append(f"| `{k.replace('|', '/')}` | {cell(x)} | {cell(y)} |")
+    lines += [
+        "",
+        "The 80-character prefix merges kernels; by full name, the EAGLE-3 step's copy kernels "
+        "(`direct_copy_kernel_cuda`; `{lambda(float)#1}` with `LoadWithCast` is a cast to float32):",
+        "",
+        "| kernel | output element type | casts | calls per step | ms per step |",
+        "|---|---|---|---|---|",
+    ]
+    for r in b["kernels_full_names"]:
+        if "direct_copy" in r["kernel"]:
+            out_type = re.search(r"\{lambda\(([^)]*)\)#1\}", r["kernel"])
+            lines.append(
+                f"| `{r['kernel'].split('<')[0]}` | {out_type.group(1) if out_type else '?'} | "
+                f"{'yes' if 'LoadWithCast' in r['kernel'] else 'no'} | {r['calls']} | {r['ms']} |"
+            )
     lines += [
         "",
         "## Where an EAGLE-3 step's host time went before (suite hostprof, cProfile of the engine thread)",

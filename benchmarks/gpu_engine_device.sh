@@ -2,7 +2,8 @@
 # On the lent H200 (device tool, repo root, with .gpub/big .gpub/s .gpub/e2e carried): vLLM 0.20
 # from the bundle (../shared/gpu-vllm/README.md) with this package installed into it, then
 # the steps named: pytest (GPU tests of the MLA kernel and backend, drafter attention) and e2e suites
-# (tiny, slice, slice-k; see gpu_engine_e2e.py). Each suite's results come back as one tgz.
+# (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py). Each suite's results come
+# back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
 set -u
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -16,14 +17,23 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for step in "$@"; do
   left=$((BUDGET - (SECONDS - S0)))
   case $step in
-    pytest)
-      timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_mla_kernel.py tests/test_mla_backend.py tests/test_draft_attention.py 2>&1 | tail -15 ;;
+    pytest|pytest:*)  # pytest:FILE,FILE runs only those files' gpu tests
+      files="tests/test_mla_kernel.py tests/test_mla_backend.py tests/test_draft_attention.py tests/test_moe_verify.py"
+      [ "$step" != pytest ] && files=$(echo "${step#pytest:}" | tr , ' ')
+      # shellcheck disable=SC2086
+      timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider $files \
+        > "$OUT/pytest.log" 2>&1
+      tail -15 "$OUT/pytest.log" ;;
+    moebench)
+      timeout $((left > 120 ? 120 : left)) python3 benchmarks/moe_verify_bench.py --out "$WORK/moe_verify_h200" \
+        > "$OUT/moebench.log" 2>&1
+      tail -14 "$OUT/moebench.log"
+      tar czf "$OUT/moebench.tgz" -C "$WORK" moe_verify_h200 ;;  # few files come back: one archive
     *)
       suite=${step%%:*}; par=${step#*:}; [ "$par" = "$step" ] && par=1
       echo "== suite $suite (parallel $par, ${left}s left)"
       python3 benchmarks/gpu_engine_e2e.py run "$suite" --models .gpub/e2e --out "$WORK/$suite" \
-        --parallel "$par" --budget $((left - 15))
+        --parallel "$par" --budget $((left - 15)) 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==)"
       tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite" ;;
   esac
 done

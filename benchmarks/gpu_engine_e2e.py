@@ -19,11 +19,13 @@ own spec-decode counters (one per token without speculation).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import fcntl
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONTEXTS = (4096, 32768, 131072)
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
+STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
 CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step")
 
 # --------------------------------------------------------------------------- models
@@ -122,6 +125,29 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
         str(dest / "slice-draft" / "config.json"),
         export_config("legacy", draft, str(dest / "slice"), "bfloat16", k=3),
     )
+    # the per-GPU share at TP 8 of a drafter with 64 query and 8 KV heads: 1 KV head, an
+    # eighth of slice-draft's KV bytes per token (4 KiB -> 512 B)
+    fileio.write_json(
+        str(dest / "slice-draft-kv1" / "config.json"),
+        export_config(
+            "legacy", dataclasses.replace(draft, num_key_value_heads=1), str(dest / "slice"), "bfloat16", k=3
+        ),
+    )
+    # half the layers: with the 12-layer slice, step time = fixed + per-layer x layers can be
+    # fit and carried to K2.5's 61 (suite dgdepth)
+    half = {**cfg, "num_hidden_layers": n // 2}
+    fileio.write_json(str(dest / "slice6" / "config.json"), half)
+    m = half["num_hidden_layers"]
+    fileio.write_json(
+        str(dest / "slice6-draft" / "config.json"),
+        export_config(
+            "legacy",
+            dataclasses.replace(draft, aux_layer_ids=[1, m // 2, m - 2]),
+            str(dest / "slice6"),
+            "bfloat16",
+            k=3,
+        ),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tok = AutoTokenizer.from_pretrained(build_fixture("trained-text", tmp))
     held = [f for f in tt.stdlib_files() if tt.is_heldout(f)]
@@ -135,6 +161,13 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
 
 # --------------------------------------------------------------------------- worker-side probes
 # Sent to the engine's worker by collective_rpc (cloudpickle): each gets the worker first.
+
+
+def _patch_states(worker) -> dict[str, str]:
+    """Each of our patches' state in the worker (applied, disabled, failed, ...)."""
+    from vllm_k2_plugin.patching import REGISTRY
+
+    return {p.name: p.state.value for p in REGISTRY}
 
 
 def _install_counters(worker) -> str:
@@ -310,6 +343,7 @@ def run_case(case: dict) -> dict:
     )
     result = {"case": case, "init_s": round(time.time() - t0, 1)}
     result["impls"] = llm.collective_rpc(_install_counters)[0]
+    result["patches"] = llm.collective_rpc(_patch_states)[0]
     if dummy:
         k = spec["k"] if spec else 3
         result["experts_dummy_router"] = llm.collective_rpc(_experts_per_verify, args=(k, False))[0]
@@ -359,17 +393,23 @@ def run_case(case: dict) -> dict:
                 prompt = {"prompt_token_ids": ids}
                 timed(prompt, 1)  # prefill into the prefix cache
                 llm.collective_rpc(_read_counters, args=(True,))
-                best = None
-                for _ in range(2):
+                # a step = (GEN-token request - 1-token request) / its steps, from the medians of
+                # interleaved rounds: a slow 1-token outlier must not shrink the step (a min over
+                # per-round differences once gave a spec step faster than a plain one)
+                t1s, tns = [], []
+                for _ in range(STEP_ROUNDS):
                     t1, d1, _ = timed(prompt, 1)
                     tn, dn, toks = timed(prompt, GEN)
-                    steps = (dn["drafts"] - d1["drafts"]) if spec else (len(toks) - 1)
-                    step_ms = 1000 * (tn - t1) / max(steps, 1)
-                    if best is None or step_ms < best["step_ms"]:
-                        best = {"step_ms": round(step_ms, 3), "steps": steps, "tokens": len(toks) - 1,
-                                "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3), "spec": dn}  # fmt: skip
-                best["counters"] = llm.collective_rpc(_read_counters, args=(True,))[0]
-                result["contexts"][str(ctx)] = best
+                    t1s.append(t1)
+                    tns.append(tn)
+                steps = (dn["drafts"] - d1["drafts"]) if spec else (len(toks) - 1)
+                step_ms = 1000 * (statistics.median(tns) - statistics.median(t1s)) / max(steps, 1)
+                result["contexts"][str(ctx)] = {
+                    "step_ms": round(step_ms, 3), "steps": steps, "tokens": len(toks) - 1,
+                    "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3), "spec": dn,
+                    "request_s": {"1": [round(t, 5) for t in t1s], str(GEN): [round(t, 5) for t in tns]},
+                    "counters": llm.collective_rpc(_read_counters, args=(True,))[0],
+                }  # fmt: skip
         elif case["task"] in ("profile", "hostprof"):  # in-process engine (case_env): profilers see it all
             if "contexts" in case:
                 rng = random.Random(0)
@@ -407,15 +447,43 @@ def profile_steps(run) -> dict:
         if b > end:
             busy += b - max(a, end)
             end = b
-    per_name = collections.Counter()
+    per_name, count = collections.Counter(), collections.Counter()
     for e in kernels:
         per_name[e.name[:80]] += e.time_range.end - e.time_range.start
+        count[e.name[:80]] += 1
+    # full kernel names (the 80-character prefix above can merge several kernels), and the ops
+    # that launched kernels outside any CUDA graph with their input shapes (inside a replay a
+    # kernel has no op of its own)
+    averages = prof.key_averages(group_by_input_shape=True)
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    by_kernel = sorted((o for o in averages if o.device_type == cuda), key=lambda o: -o.self_device_time_total)
+    by_op = sorted(
+        (o for o in averages if o.device_type == cpu and o.device_time_total > 0), key=lambda o: -o.device_time_total
+    )
     return {
         "steps": steps,
         "wall_ms_per_step": round(1000 * wall / steps, 3),
         "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
         "top_kernels_ms_per_step": {k: round(v / 1000 / steps, 3) for k, v in per_name.most_common(12)},
+        "top_kernels_per_step": {k: round(count[k] / steps, 2) for k, _ in per_name.most_common(12)},
+        "kernels_full_names": [
+            {
+                "kernel": o.key,
+                "calls": round(o.count / steps, 2),
+                "ms": round(o.self_device_time_total / 1000 / steps, 4),
+            }
+            for o in by_kernel[:20]
+        ],
+        "eager_ops_ms_per_step": [  # device time of the kernels each op launched, its children's included
+            {
+                "op": o.key,
+                "shapes": str(o.input_shapes)[:200],
+                "calls": round(o.count / steps, 2),
+                "ms": round(o.device_time_total / 1000 / steps, 4),
+            }
+            for o in by_op[:25]
+        ],  # fmt: skip
     }
 
 
@@ -769,7 +837,13 @@ def suite(name: str, models: Path) -> list[dict]:
             {**s4k, "name": "hostprof-slice-plain"},
             {**s4k, "name": "hostprof-slice-eagle3-k3", "spec": e3("slice-draft")},
         ]
-    if name in ("dgtiny", "dgslice", "dgprof"):  # the draft step as one graph (patch draft-step-graph) vs not
+    if name in (
+        "dgtiny",
+        "dgslice",
+        "dgmoe",
+        "dgdepth",
+        "dgprof",
+    ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
             t = {**tiny, "graphs": True, "backend": "ours"}
@@ -790,18 +864,42 @@ def suite(name: str, models: Path) -> list[dict]:
                  "draft_graph": True},
                 {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d", "backend": "ours",
                  "spec": e3("slice-draft"), "draft_graph": True, "disable": [PREFILL_AS_DECODE]},
+                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph-kv1", "backend": "ours",
+                 "spec": e3("slice-draft-kv1"), "draft_graph": True},
                 {**base, "name": "dg-slice-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3("slice-draft"),
                  "draft_graph": False},
                 {**base, "name": "dg-slice-stock-eagle3-k3", "backend": "stock", "spec": e3("slice-draft")},
                 {**base, "name": "dg-slice-stock-plain", "backend": "stock"},
+            ]  # fmt: skip
+        if name == "dgdepth":  # 6 and 12 layers, plain and EAGLE-3 (every patch): fixed vs per-layer cost
+            depth = {**base, "backend": "ours", "contexts": [4096, 32768], "max_model_len": 32768 + 512}
+            return [
+                {**depth, "name": "dg-depth6-plain", "model": str(models / "slice6")},
+                {**depth, "name": "dg-depth6-eagle3-k3", "model": str(models / "slice6"), "spec": e3("slice6-draft"),
+                 "draft_graph": True},
+                {**depth, "name": "dg-depth12-plain"},
+                {**depth, "name": "dg-depth12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
+            ]  # fmt: skip
+        if name == "dgmoe":  # patch moe-group-tokens-by-expert on and off, plain alongside
+            return [
+                {**base, "name": "dg-moe-slice-ours-eagle3-k3", "backend": "ours", "spec": e3("slice-draft"),
+                 "draft_graph": True},
+                {**base, "name": "dg-moe-slice-ours-eagle3-k3-unsorted", "backend": "ours",
+                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [MOE_SORTED]},
+                {**base, "name": "dg-moe-slice-ours-plain", "backend": "ours"},
             ]  # fmt: skip
         prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
                 "contexts": [4096]}  # fmt: skip
         return [
             {**prof, "name": "dg-prof-slice-eagle3-k3-draftgraph", "spec": e3("slice-draft"), "draft_graph": True},
             {**prof, "name": "dg-prof-slice-plain"},
+            # no CUDA graphs: every kernel has the op (and shapes) that launched it
+            {**prof, "name": "dg-prof-slice-eagle3-k3-eager", "spec": e3("slice-draft"), "graphs": False},
         ]
-    raise SystemExit(f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, dgtiny, dgslice, dgprof")
+    raise SystemExit(
+        f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
+        "dgtiny, dgslice, dgmoe, dgdepth, dgprof"
+    )
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
@@ -844,6 +942,8 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
 
 #: The drafter's first pass through TRITON_ATTN's split-KV decode kernel (patch draft-prefill-as-decode).
 PREFILL_AS_DECODE = "draft-prefill-as-decode"
+#: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
+MOE_SORTED = "moe-group-tokens-by-expert"
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
@@ -857,7 +957,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     off = list(case.get("disable", []))
     if case["backend"] == "stock":
-        off += ["triton-mla-k2-decode", "draft-step-graph", PREFILL_AS_DECODE]
+        off += ["triton-mla-k2-decode", "draft-step-graph", PREFILL_AS_DECODE, MOE_SORTED]
     if off:
         env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:
