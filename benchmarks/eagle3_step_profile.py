@@ -12,7 +12,10 @@ the split, not the absolute tok/s (`vllm-k2 bench ab` measures those without a p
 
 ``--with-k0`` adds a third engine: the same drafter with vLLM's dynamic speculative decoding
 told to schedule k = 0 at every batch size (what the speculation guard picks when drafts
-lose), vLLM >= 0.32 only.
+lose), vLLM >= 0.32 only. ``--guard-k0`` runs the baseline and that k = 0 engine with the
+speculation guard's patches on (the guard cannot raise k above the schedule's 0), so k = 0
+skips the drafter's pass (patch ``spec-guard-drafter-off``); the guard is process-wide,
+hence a separate run.
 
 (`--model` and `--json OUT.json` are the earlier spellings of `--target` and `--out`; still accepted.)
 
@@ -110,9 +113,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", "--json", dest="out", help="write the rows here (JSON)")
     ap.add_argument("--with-k0", action="store_true", help="also the drafter scheduled at k = 0 (vLLM >= 0.32)")
+    ap.add_argument("--guard-k0", action="store_true",
+                    help="baseline and k = 0 only, with the speculation guard's patches on (vLLM >= 0.32)")  # fmt: skip
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
-    os.environ["VLLM_K2_SPEC_GUARD"] = "0"  # fixed k per engine: the guard would change it mid-run
+    # fixed k per engine (the guard would change it mid-run), unless k = 0 under the guard is asked for
+    os.environ["VLLM_K2_SPEC_GUARD"] = "1" if a.guard_k0 else "0"
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.target)
@@ -120,10 +126,12 @@ def main() -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
                for u in users]  # fmt: skip
     engine = dict(dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True, trust_remote_code=True)
-    rows = [run(a.target, None, 0, prompts, a.max_tokens, engine),
-            run(a.target, a.draft, a.k, prompts, a.max_tokens, engine)]  # fmt: skip
-    if a.with_k0:
+    rows = [run(a.target, None, 0, prompts, a.max_tokens, engine)]
+    if not a.guard_k0:
+        rows.append(run(a.target, a.draft, a.k, prompts, a.max_tokens, engine))
+    if a.with_k0 or a.guard_k0:
         rows.append(run(a.target, a.draft, a.k, prompts, a.max_tokens, engine, k0=True))
+        rows[-1]["guard"] = a.guard_k0
     table = _table(rows)
     print(table)
     if a.out:
@@ -138,7 +146,10 @@ def main() -> None:
 
 def _table(rows: list[dict]) -> str:
     """Markdown: per engine step, each probe's cumulative ms, one column per engine."""
-    names = ["baseline" if not r["draft"] else f"eagle3 k={r['k']}" for r in rows]
+    names = [
+        "baseline" if not r["draft"] else f"eagle3 k={r['k']}" + (" (guard: drafter off)" if r.get("guard") else "")
+        for r in rows
+    ]
     lines = ["| per engine step (ms) | " + " | ".join(names) + " |", "|---" * (len(rows) + 1) + "|"]
     for lab, _suffix, _name in PROBES:
         lines.append(f"| {lab} | " + " | ".join(f"{r['per_step_ms'].get(lab, float('nan')):.2f}" for r in rows) + " |")

@@ -3,6 +3,7 @@ real latest-CPU vLLM engine with a drafter whose drafts are (nearly) never accep
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -114,9 +115,13 @@ def guard_runs(trained_pair_random_drafter, tmp_path_factory):
                 speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": 3},
             ),  # fmt: skip
         }
-        env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD=flag)
-        r = run_engine_job(tmp_path_factory.mktemp(f"guard-{name}"), job, env, timeout=900)
+        tmp = tmp_path_factory.mktemp(f"guard-{name}")
+        record = tmp / "drafter_passes.jsonl"
+        env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD=flag, DRAFTER_PASS_RECORD=str(record),
+                         VLLM_K2_EXTRA_PATCH_MODULES="tests.drafter_pass_recorder")  # fmt: skip
+        r = run_engine_job(tmp, job, env, timeout=900)
         assert r["ok"], (name, r.get("traceback") or r["log"][-4000:])
+        r["steps"] = [json.loads(line) for line in record.read_text().splitlines()]
         runs[name] = r
     return runs
 
@@ -131,3 +136,16 @@ def test_engine_guard_turns_off_unaccepted_speculation_losslessly(guard_runs):
     assert [o["token_ids"] for o in on["outputs"]] == [o["token_ids"] for o in off["outputs"]]
     drafts_on, drafts_off = on["metrics"]["vllm:spec_decode_num_drafts"], off["metrics"]["vllm:spec_decode_num_drafts"]
     assert drafts_on < drafts_off, (drafts_on, drafts_off)  # after the switch only its probes draft
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_latest
+def test_engine_guard_k0_decode_steps_skip_the_drafter(guard_runs):
+    on, off = guard_runs["on"], guard_runs["off"]
+    assert on["patches"]["spec-guard-drafter-off"] == "applied"
+    assert off["patches"]["spec-guard-drafter-off"] == "not-applicable"
+    k0_decode = [s for s in on["steps"] if s["k"] == 0 and s["pure_decode"]]
+    assert k0_decode and all(s["drafter_passes"] == 0 for s in k0_decode), on["steps"]
+    # prefill steps and speculating steps still run it: every prompt is in the drafter's cache
+    assert all(s["drafter_passes"] == 1 for s in on["steps"] if not s["pure_decode"] or s["k"] > 0), on["steps"]
+    assert all(s["drafter_passes"] == 1 and s["k"] == 3 for s in off["steps"])

@@ -38,6 +38,14 @@ def test_bad_bench_arguments_are_one_error_line_and_exit_2(capsys, args, option)
     assert err[-1].startswith("vllm-k2 bench ab: error: argument") and option in err[-1], err
 
 
+def test_two_bench_modes_of_one_name_are_an_error(capsys):
+    from vllm_k2_plugin.cli import main
+
+    assert main(["bench", "ab", "/m", "--mode", "eagle3=/a:3", "--mode", "eagle3=/b:3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vllm-k2 bench ab: error: --mode") and "eagle3-k3" in err[-1], err
+
+
 def test_good_bench_arguments_parse():
     a = build_parser().parse_args(["bench", "ab", "/m", "--mode", "eagle3=/d:4", "--concurrency", "1,8"])
     assert a.concurrency == [1, 8] and a.mode == ["eagle3=/d:4"]

@@ -148,6 +148,12 @@ def _bench_ab(args: argparse.Namespace) -> int:
     modes = [Mode.parse(m, k=args.k) for m in args.mode]
     if modes[0].name != "baseline" and not args.no_baseline_first:
         modes.insert(0, Mode.parse("baseline"))
+    names = [m.name for m in modes]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # results are kept by name: a second mode of the same name would replace the first
+        print(f"vllm-k2 bench ab: error: --mode: more than one mode named {', '.join(twice)}; "
+              "name them with NAME={json}", file=sys.stderr)  # fmt: skip
+        return 2
     target = args.target_opt or args.target
     if not target:
         print("vllm-k2 bench ab: error: the target model is missing (--target DIR or positional)", file=sys.stderr)

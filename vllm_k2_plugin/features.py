@@ -18,6 +18,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.speculators_compat.patch",
     "vllm_k2_plugin.mla.patch",
     "vllm_k2_plugin.spec_guard.patch",
+    "vllm_k2_plugin.spec_guard.drafter_off",
     "vllm_k2_plugin.draft_graph.patch",
     "vllm_k2_plugin.draft_attention.patch",
     "vllm_k2_plugin.moe_verify.patch",

@@ -1,0 +1,55 @@
+"""Records, per model-runner step of a speculative engine, the step's k, whether it was a
+pure decode step and how many times the drafter's ``propose`` ran (one JSON line per step)
+to the file named by DRAFTER_PASS_RECORD. Loaded through
+VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
+
+import json
+import os
+
+from vllm_k2_plugin.patching import REGISTRY
+
+
+def _record(ctx):
+    from vllm.v1.spec_decode import llm_base_proposer
+    from vllm.v1.worker import gpu_model_runner
+
+    passes = [0]
+
+    def wrap_propose(original):
+        def propose(self, *args, **kwargs):
+            passes[0] += 1
+            return original(self, *args, **kwargs)
+
+        return propose
+
+    def wrap_sample_tokens(original):
+        def sample_tokens(self, *args, **kwargs):
+            state = self.execute_model_state
+            passes[0] = 0
+            result = original(self, *args, **kwargs)
+            if state is not None and self.speculative_config is not None:
+                out = state[0]
+                spec = out.scheduled_spec_decode_tokens
+                pure = not out.scheduled_new_reqs and all(
+                    n == 1 + len(spec.get(req, ())) for req, n in out.num_scheduled_tokens.items()
+                )
+                line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "drafter_passes": passes[0]}
+                with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
+                    f.write(json.dumps(line) + "\n")
+            return result
+
+        return sample_tokens
+
+    ctx.wrap(llm_base_proposer.SpecDecodeBaseProposer, "propose", wrap_propose)
+    ctx.wrap(gpu_model_runner.GPUModelRunner, "sample_tokens", wrap_sample_tokens)
+
+
+REGISTRY.patch(
+    name="test-drafter-pass-recorder",
+    feature="tests",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+    applies_to=">=0.17",
+    upstream="n/a (test fixture)",
+    why="shows which steps ran the drafter",
+    remove_when="never (test only)",
+)(_record)
