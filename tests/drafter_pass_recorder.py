@@ -1,5 +1,5 @@
 """Records, per model-runner step of a speculative engine, the step's k, whether it was a
-pure decode step and how many times the drafter's ``propose`` ran (one JSON line per step)
+pure decode step (and one token per request: nothing to verify) and how many times the drafter's ``propose`` ran (one JSON line per step)
 to the file named by DRAFTER_PASS_RECORD. Loaded through
 VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
 
@@ -33,7 +33,9 @@ def _record(ctx):
                 pure = not out.scheduled_new_reqs and all(
                     n == 1 + len(spec.get(req, ())) for req, n in out.num_scheduled_tokens.items()
                 )
-                line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "drafter_passes": passes[0]}
+                one_each = all(n == 1 for n in out.num_scheduled_tokens.values())  # nothing to verify
+                line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "one_token_each": one_each,
+                        "drafter_passes": passes[0]}  # fmt: skip
                 with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
                     f.write(json.dumps(line) + "\n")
             return result
