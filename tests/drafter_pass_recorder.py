@@ -1,7 +1,7 @@
 """Records, per model-runner step of a speculative engine, the step's k, whether it was a
-pure decode step (and one token per request: nothing to verify) and how many times the drafter's ``propose`` ran (one JSON line per step)
-to the file named by DRAFTER_PASS_RECORD. Loaded through
-VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
+pure decode step (and one token per request: nothing to verify) and how many times the
+drafter's ``propose`` ran (one JSON line per step) to the file named by DRAFTER_PASS_RECORD.
+Loaded through VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
 
 import json
 import os
