@@ -97,6 +97,21 @@ def test_buckets_are_independent_and_a_switch_back_happens():
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):"]
 
 
+@pytest.mark.vllm_latest
+def test_drafter_off_probe_sees_a_runner_that_skips_the_drafter():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_k2_plugin.spec_guard.drafter_off import _upstream_skips_drafter, _wrap_propose
+
+    assert _upstream_skips_drafter() is False
+    stock = GPUModelRunner.propose_draft_token_ids
+    GPUModelRunner.propose_draft_token_ids = _wrap_propose(stock)
+    try:
+        assert _upstream_skips_drafter() is True
+    finally:
+        GPUModelRunner.propose_draft_token_ids = stock
+
+
 @pytest.fixture(scope="module")
 def guard_runs(trained_pair_random_drafter, tmp_path_factory):
     target, draft = trained_pair_random_drafter

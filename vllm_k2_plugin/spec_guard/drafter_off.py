@@ -72,7 +72,7 @@ def _upstream_skips_drafter() -> bool:
         use_ngram_gpu=lambda: False, uses_extract_hidden_states=lambda: False,
         use_dflash=lambda: False, uses_draft_model=lambda: False,
     )  # fmt: skip
-    probe.drafter = drafter
+    probe.drafter, probe.valid_sampled_token_count_event = drafter, None  # None: no async copy (as on CPU)
     out = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=1,
                           num_scheduled_tokens={"probe": 1}, scheduled_new_reqs=[])  # fmt: skip
     try:
