@@ -3,8 +3,9 @@
 At a per-step k of 0 stock vLLM still runs the EAGLE drafter's first pass over every
 request's new token, so that the drafter's KV cache stays complete for later steps. On the
 CPU engine that pass is most of what a k = 0 step costs over no speculation. While the
-guard holds k at 0 the plugin skips it on pure decode steps (prefill and resumed requests
-still run it, so every prompt is in the drafter's cache); the decode tokens of a k = 0
+guard holds k at 0 the plugin skips it on decode steps of one token per request (prefill,
+resumed requests and the step that verifies the last drafts still run it, so every prompt
+is in the drafter's cache); the decode tokens of a k = 0
 stretch are then missing from the drafter's cache, as they are in stock vLLM for inputs
 too long for the drafter. Drafts stay verified, so outputs do not change.
 """
@@ -91,7 +92,7 @@ def _upstream_skips_drafter() -> bool:
     only_if=_no_dynamic_sd,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (vLLM runs the EAGLE drafter's first pass at k = 0 to keep its KV cache complete)",
-    why="at k = 0 the drafter's pass made a step ~12 % slower than no speculation on the CPU engine",
+    why="at k = 0 the drafter's pass made a step 13-14 % slower than no speculation on the CPU engine",
     remove_when="vLLM skips the drafter on k = 0 decode steps (the probe sees no drafter call)",
 )
 def _apply(ctx: PatchContext) -> None:
