@@ -305,3 +305,30 @@ def test_shard_digests_are_verified_once_and_recorded(synthetic, tmp_path, monke
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # rewritten since
     shards.ShardReader(str(data)).verify_all()
     assert hashed[first:] == [str(shard)]
+
+
+def test_concurrent_digest_records_lose_nothing(synthetic, tmp_path, monkeypatch):
+    """Ranks that verify different shards at once all end up in verified.json: the second
+    writer waits for the first's read-modify-write instead of overwriting it."""
+    import shutil
+    import threading
+
+    data = tmp_path / "copy"
+    shutil.copytree(synthetic["data"], data)
+    (data / shards.VERIFIED).unlink(missing_ok=True)
+    entries = shards.load_manifest(str(data))["shards"][:2]
+    real_write, first_reading = shards.fileio.write_json, threading.Event()
+
+    def slow_first_write(path, obj):
+        if not first_reading.is_set():  # the first writer has read the record and dawdles
+            first_reading.set()
+            time.sleep(0.5)
+        real_write(path, obj)
+
+    monkeypatch.setattr(shards.fileio, "write_json", slow_first_write)
+    first = threading.Thread(target=shards.ShardReader(str(data))._check, args=(entries[0],))
+    first.start()
+    first_reading.wait()
+    shards.ShardReader(str(data))._check(entries[1])  # a second rank, while the first writes
+    first.join()
+    assert set(shards.fileio.read_json(str(data / shards.VERIFIED))) == {e["file"] for e in entries}

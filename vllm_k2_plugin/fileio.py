@@ -4,6 +4,7 @@ Shared by the fixtures, the speculators dataset writer and the training pipeline
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -51,6 +52,17 @@ def copy(src: str, dst: str) -> None:
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
+
+
+def update_json(path: str, change: Callable[[dict], dict]) -> dict:
+    """Read the JSON object at `path` ({} if absent), write change(it) atomically and return
+    it, all under an exclusive lock on `path`.lock: processes that update one file (ranks
+    recording the shards each verified) never lose each other's updates."""
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        new = change(read_json(path) if os.path.exists(path) else {})
+        write_json(path, new)
+        return new
 
 
 @contextmanager

@@ -122,9 +122,10 @@ class ShardReader:
             self._open.pop(os.path.join(self.dir, name), None)
         if not forget_digests:
             return
-        record = self._verified()
-        if any(name in record for name in files):
-            fileio.write_json(os.path.join(self.dir, VERIFIED), {k: v for k, v in record.items() if k not in files})
+        if any(name in self._verified() for name in files):
+            fileio.update_json(
+                os.path.join(self.dir, VERIFIED), lambda r: {k: v for k, v in r.items() if k not in files}
+            )
 
     def __len__(self) -> int:
         return len(self.index)
@@ -151,8 +152,7 @@ class ShardReader:
         got = fileio.sha256(path)
         if got != entry["sha256"]:
             raise ShardError(f"{path}: sha256 {got} != {entry['sha256']} in {MANIFEST}: the shard is corrupted")
-        record[entry["file"]] = seen
-        fileio.write_json(os.path.join(self.dir, VERIFIED), record)
+        fileio.update_json(os.path.join(self.dir, VERIFIED), lambda r: {**r, entry["file"]: seen})
         return path
 
     def _handle(self, entry: dict) -> tuple:
