@@ -92,7 +92,7 @@ def _upstream_skips_drafter() -> bool:
     only_if=_no_dynamic_sd,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (vLLM runs the EAGLE drafter's first pass at k = 0 to keep its KV cache complete)",
-    why="at k = 0 the drafter's pass cost 13-14 % of a no-speculation step on the CPU engine (1.81 of 14.36 ms, 1.01 of 7.36 ms)",
+    why="at k = 0 the drafter's pass cost 12.6-13.7 % of a no-speculation step on the CPU engine (two profiles)",
     remove_when="vLLM skips the drafter on k = 0 decode steps (the probe sees no drafter call)",
 )
 def _apply(ctx: PatchContext) -> None:
