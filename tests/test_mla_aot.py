@@ -41,7 +41,14 @@ def test_every_launcher_config_compiles_and_fits(arch):
                     shared, regs, _ = aot.compile_one("split", cfg, arch, direct=direct, ptxas=True)
                     assert shared <= configs.table_smem(cfg) <= SM120_LIMIT, f"{cfg}: {shared} B"
                     # the launcher's resident-slot count must never overestimate
-                    assert regs is not None and regs <= configs.VARIANT_REGS[fp8][(warps, block_n, stages)], (cfg, regs)
+                    assert regs is not None and regs <= configs.table_regs(cfg), (cfg, regs)
+        for fp8 in (False, True):  # the 32-row tile
+            cfg = configs.split_config(16, fp8, SM120_LIMIT, configs.WIDE_FROM_ROWS[fp8])
+            assert cfg.block_m == configs.WIDE_BLOCK_M
+            for direct in (False, True):
+                shared, regs, spill = aot.compile_one("split", cfg, arch, direct=direct, ptxas=True)
+                assert shared <= configs.table_smem(cfg) <= SM120_LIMIT, f"{cfg}: {shared} B"
+                assert regs is not None and regs <= configs.table_regs(cfg) and not spill, (cfg, regs, spill)
     for cfg in configs.all_reduce_configs():
         shared, _, _ = aot.compile_one("reduce", cfg, arch)
         assert shared <= limit

@@ -157,12 +157,39 @@ def test_split_choice_never_a_fraction_of_a_wave(device):
             for batch in (1, 2, 3, 5, 8, 13, 32, 64, 100, 256):
                 for ctx in (1, 300, 8192, 131072):
                     p = _plan(batch, heads, q_len, ctx, device, fp8)
+                    grid = batch * configs.row_blocks(heads * q_len, p.split.block_m) * p.num_splits
+                    # a 32-row tile runs the 16-row plan's grid: the waves are the 16-row variant's
+                    narrow = configs.split_config(16, fp8, device.smem_per_block)
                     programs = batch * configs.row_blocks(heads * q_len)
-                    slots = configs.resident_slots(p.split, device)
+                    slots = configs.resident_slots(narrow, device)
                     tiles = -(-ctx // p.split.block_n)
                     assert 1 <= p.num_splits <= max(1, tiles)
                     if programs <= slots:
-                        assert programs * p.num_splits <= slots, (batch, heads, q_len, ctx, p.num_splits)
+                        assert grid <= slots, (batch, heads, q_len, ctx, p.num_splits)
+
+
+def test_row_tile_follows_rows_per_request():
+    # 32-row tiles from WIDE_FROM_ROWS rows on (H200 tile probe), with the 16-row plan's grid
+    assert _plan(8, 8, 4, 32768, H200).split.block_m == 16  # 32 rows: 16-row tiles were faster (bf16)
+    wide = _plan(64, 64, 4, 8192, H200)
+    assert (wide.split.block_m, wide.num_splits) == (32, 2)  # the probe's best; the cost model gave 1 (1.35x slower)
+    assert _plan(8, 64, 1, 8192, H200, fp8=True).split.block_m == 32
+    assert _plan(8, 8, 4, 32768, H200, fp8=True).split.block_m == 16
+    small = configs.Device(132, 60_000, 233_472)  # no room for the 32-row tile: 16-row tiles
+    assert _plan(64, 64, 4, 8192, small).split.block_m == 16
+
+
+def test_plan_follows_a_reordered_preference():
+    # sweeps and tests reorder configs.PREFERENCE; a cached plan must not outlive that
+    saved = configs.PREFERENCE[False]
+    try:
+        first = _plan(1, 8, 1, 8192, H200).split
+        configs.PREFERENCE[False] = [(8, 64, 2)]
+        again = _plan(1, 8, 1, 8192, H200).split
+    finally:
+        configs.PREFERENCE[False] = saved
+    assert (first.num_warps, first.block_n, first.num_stages) == saved[0]
+    assert (again.num_warps, again.block_n, again.num_stages) == (8, 64, 2)
 
 
 def test_workspace_bound_covers_every_choice():

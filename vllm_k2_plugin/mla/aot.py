@@ -115,7 +115,10 @@ def _ptxas_report(ptx: str, arch: int) -> tuple[int | None, int | None]:
     try:
         from triton.backends.nvidia.compiler import get_ptxas
 
-        ptxas = get_ptxas(arch).path if arch >= 100 else get_ptxas().path
+        try:
+            ptxas = get_ptxas(arch).path  # Triton >= 3.5 takes the arch
+        except TypeError:
+            ptxas = get_ptxas(arch).path if arch >= 100 else get_ptxas().path
     except Exception:  # noqa: BLE001 - the report is optional
         return None, None
     import tempfile

@@ -44,6 +44,7 @@ VARIANT_PROBES = ((1, 32768, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1), (8, 3276
 SPLIT_PROBES = (
     (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (16, 32768, 8, 1),
     (64, 8192, 8, 1), (64, 32768, 8, 1), (1, 32768, 8, 4), (8, 32768, 8, 4), (1, 32768, 64, 1),
+    (8, 8192, 64, 4), (64, 8192, 64, 4),
 )  # fmt: skip
 SPLIT_COUNTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: The users' GPU for the decode-attention model (vendor figure; an assumption).
@@ -183,7 +184,7 @@ def split_sweep(torch, timer: Timer, pools: dict, k_scale, pool_pages: int) -> l
             q, bt, sl, _ = _case(torch, dev, g, pool_pages, batch, ctx, heads, ql)
             plan = launcher.plan(batch, heads, ql, ctx, PAGE, kv_name == "fp8", limits)
             pick = plan.num_splits
-            programs = batch * configs.row_blocks(heads * ql)
+            programs = batch * configs.row_blocks(heads * ql, plan.split.block_m)
             slots = configs.resident_slots(plan.split, limits)
             # the launcher's pick, the counts that fill the SMs once / the slots once, and a ladder
             fills = {max(1, limits.sm_count // programs), max(1, slots // programs)}
@@ -284,7 +285,7 @@ def _row(torch, timer, launcher, pools, k_scale, mod, limits, roofs, batch, ctx,
     p = launcher.plan(batch, h, ql, ctx, PAGE, kvd == "fp8", limits)
     row = dict(batch=batch, context=ctx, heads=h, q_len=ql, kv=kvd, splits=p.num_splits,
                slots=configs.resident_slots(p.split, limits),
-               variant=f"w{p.split.num_warps}/n{p.split.block_n}/s{p.split.num_stages}")  # fmt: skip
+               variant=f"m{p.split.block_m}/w{p.split.num_warps}/n{p.split.block_n}/s{p.split.num_stages}")  # fmt: skip
     samples = []
     for _ in range(runs):
         k = timer.kernel_us(ours)

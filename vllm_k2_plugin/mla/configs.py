@@ -100,6 +100,18 @@ VARIANT_REGS = {
         (4, 16, 5): 256,
     },
 }
+#: 32-row tiles: one latent tile feeds twice the rows of a program (fewer, larger dots).
+#: In the H200 tile probe (benchmarks/results/mla_tile_probe_h200.md), rows per request
+#: being query tokens x heads: bf16 at 256 rows (64 heads x q_len 4) the 16-row tile took
+#: 1.21-1.23x the 32-row one's time at batch 64, 0.98-1.02x at batch 1-8; at 32 rows the
+#: 32-row tile took 1.2-2x the 16-row one's. fp8 from 64 rows: the 16-row tile took 0.98-1.13x.
+WIDE_BLOCK_M = 32
+WIDE_FROM_ROWS = {False: 256, True: 64}
+#: (num_warps, BLOCK_N, num_stages) of the 32-row tile, its shared memory and registers
+#: (largest of sm_120 and sm_90, split and one-split forms, Triton 3.6 and 3.9; no spills).
+WIDE_VARIANT = {False: (8, 32, 2), True: (8, 32, 2)}
+WIDE_SMEM = {False: 75_776, True: 71_680}
+WIDE_REGS = {False: 200, True: 256}
 REDUCE_SPLITS_P2 = tuple(2**i for i in range(1, 8))  # 2 .. 128: the chunk the reduction loads at once
 #: Shared memory the CUDA runtime reserves per resident block (sm_80 and later).
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -134,12 +146,16 @@ class ReduceConfig:
     num_warps: int
 
 
-def row_blocks(rows: int) -> int:
-    return -(-rows // BLOCK_M)
+def row_blocks(rows: int, block_m: int = BLOCK_M) -> int:
+    return -(-rows // block_m)
 
 
-def split_config(page: int, fp8: bool, max_smem: int) -> SplitConfig:
-    """The most preferred variant whose measured shared memory fits ``max_smem``."""
+def split_config(page: int, fp8: bool, max_smem: int, rows: int = 1) -> SplitConfig:
+    """The 32-row tile from WIDE_FROM_ROWS rows per request on (if it fits ``max_smem``),
+    else the most preferred 16-row variant whose measured shared memory fits."""
+    if rows >= WIDE_FROM_ROWS[fp8] and WIDE_SMEM[fp8] <= max_smem:
+        warps, block_n, stages = WIDE_VARIANT[fp8]
+        return SplitConfig(page, WIDE_BLOCK_M, block_n, warps, stages, fp8)
     table = VARIANT_SMEM[fp8]
     fits = [v for v in PREFERENCE[fp8] if table[v] <= max_smem]
     warps, block_n, stages = fits[0] if fits else min(table, key=table.get)
@@ -147,19 +163,32 @@ def split_config(page: int, fp8: bool, max_smem: int) -> SplitConfig:
 
 
 def all_split_configs(max_smem: int) -> list[SplitConfig]:
-    return [split_config(page, fp8, max_smem) for page in PAGES for fp8 in (False, True)]
+    """Every variant the launcher can choose under ``max_smem``: 16- and 32-row tiles."""
+    return [
+        split_config(page, fp8, max_smem, rows)
+        for page in PAGES
+        for fp8 in (False, True)
+        for rows in sorted({1, WIDE_FROM_ROWS[fp8]})
+    ]
 
 
 def table_smem(cfg: SplitConfig) -> int:
+    if cfg.block_m == WIDE_BLOCK_M:
+        return WIDE_SMEM[cfg.fp8]
     return VARIANT_SMEM[cfg.fp8][(cfg.num_warps, cfg.block_n, cfg.num_stages)]
+
+
+def table_regs(cfg: SplitConfig) -> int:
+    if cfg.block_m == WIDE_BLOCK_M:
+        return WIDE_REGS[cfg.fp8]
+    return VARIANT_REGS[cfg.fp8][(cfg.num_warps, cfg.block_n, cfg.num_stages)]
 
 
 def resident_slots(cfg: SplitConfig, device: Device) -> int:
     """Programs of ``cfg`` the whole device keeps resident at once."""
-    key = (cfg.num_warps, cfg.block_n, cfg.num_stages)
     threads = 32 * cfg.num_warps
-    by_smem = device.smem_per_sm // (VARIANT_SMEM[cfg.fp8][key] + SMEM_RESERVED_PER_BLOCK)
-    by_regs = device.regs_per_sm // (VARIANT_REGS[cfg.fp8][key] * threads)
+    by_smem = device.smem_per_sm // (table_smem(cfg) + SMEM_RESERVED_PER_BLOCK)
+    by_regs = device.regs_per_sm // (table_regs(cfg) * threads)
     by_threads = device.threads_per_sm // threads
     return device.sm_count * max(1, min(by_smem, by_regs, by_threads))
 
@@ -178,7 +207,7 @@ def all_reduce_configs() -> list[ReduceConfig]:
 def launch_cost_us(batch: int, rows: int, context: int, splits: int, cfg: SplitConfig, device: Device) -> float:
     """Modelled time of one split-kernel launch (see the cost model's constants)."""
     slots = resident_slots(cfg, device)
-    programs = batch * row_blocks(rows) * splits
+    programs = batch * row_blocks(rows, cfg.block_m) * splits
     waves = -(-programs // slots)
     concurrent = min(programs, slots)
     per_sm = -(-concurrent // device.sm_count)
@@ -192,9 +221,25 @@ def launch_cost_us(batch: int, rows: int, context: int, splits: int, cfg: SplitC
 def num_splits_for(batch: int, rows: int, context: int, cfg: SplitConfig, device: Device) -> int:
     """KV splits per request: never a fraction of a wave more than needed (at most one
     wave when the requests alone fit in one), the cheapest by ``launch_cost_us``; ties
-    go to fewer splits (less reduction work)."""
+    go to fewer splits (less reduction work).
+
+    A 32-row tile runs the 16-row plan's grid: per 16-row split, two splits of half the
+    length (the same programs, each with the same tokens x rows of work, and half the
+    latent tile loads). The cost model was fit to 16-row tiles only; in the tile probe
+    this grid was within 3 % of the 32-row tile's best split count, the model's own
+    pick for it up to 1.4x slower."""
+    if cfg.block_m != BLOCK_M:
+        narrow = split_config(cfg.page, cfg.fp8, device.smem_per_block)
+        if batch * row_blocks(rows) >= resident_slots(narrow, device) * MAX_SPLITS_OVER_A_WAVE:
+            return 1
+        per_narrow = cfg.block_m // BLOCK_M
+        return min(
+            MAX_SPLITS,
+            max(1, -(-context // cfg.block_n)),
+            per_narrow * num_splits_for(batch, rows, context, narrow, device),
+        )
     slots = resident_slots(cfg, device)
-    programs = batch * row_blocks(rows)
+    programs = batch * row_blocks(rows, cfg.block_m)
     if programs >= slots * MAX_SPLITS_OVER_A_WAVE:
         return 1  # many waves: the last one's idle share is small already
     tiles = -(-max(context, 1) // cfg.block_n)

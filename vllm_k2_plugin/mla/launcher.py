@@ -75,10 +75,16 @@ class Plan:
     rows: int  # query tokens x heads per request
 
 
-@functools.lru_cache(maxsize=1024)  # outside a full graph every layer asks again (cProfile: 0.4 ms a call)
 def plan(batch: int, num_heads: int, q_len: int, context: int, page: int, fp8: bool, device: configs.Device) -> Plan:
+    """Variant and split count for one launch shape (cached per committed preference, so a
+    sweep or test that reorders ``configs.PREFERENCE`` never gets a stale plan)."""
+    return _plan(batch, num_heads, q_len, context, page, fp8, device, tuple(configs.PREFERENCE[fp8]))
+
+
+@functools.lru_cache(maxsize=1024)  # outside a full graph every layer asks again (cProfile: 0.4 ms a call)
+def _plan(batch, num_heads, q_len, context, page, fp8, device, preference) -> Plan:
     rows = q_len * num_heads
-    cfg = configs.split_config(page, fp8, device.smem_per_block)
+    cfg = configs.split_config(page, fp8, device.smem_per_block, rows)
     splits = configs.num_splits_for(batch, rows, context, cfg, device)
     reduce = configs.reduce_config(splits) if splits > 1 else None
     return Plan(cfg, reduce, splits, rows)
@@ -105,10 +111,13 @@ class Workspace:
         worst = 0
         for fp8 in (False, True):
             for batch in range(1, max_batch + 1):
-                s = plan(batch, num_heads, q_len, 1 << 40, page, fp8, device).num_splits
-                worst = max(worst, batch * rows * s if s > 1 else 0)
-                slots = configs.resident_slots(configs.split_config(page, fp8, device.smem_per_block), device)
-                if batch * configs.row_blocks(rows) >= slots * configs.MAX_SPLITS_OVER_A_WAVE:
+                p = plan(batch, num_heads, q_len, 1 << 40, page, fp8, device)
+                worst = max(worst, batch * rows * p.num_splits if p.num_splits > 1 else 0)
+                narrow = configs.split_config(page, fp8, device.smem_per_block)  # a 32-row tile follows its plan
+                if (
+                    batch * configs.row_blocks(rows)
+                    >= configs.resident_slots(narrow, device) * configs.MAX_SPLITS_OVER_A_WAVE
+                ):
                     break  # num_splits_for gives 1 from here on
         return worst
 
@@ -123,6 +132,7 @@ def mla_decode(
     q_len: int = 1,
     k_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
+    config: configs.SplitConfig | None = None,
     context: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -134,9 +144,9 @@ def mla_decode(
     contiguous, any page and token strides. block_table [requests, max_pages] int32,
     seq_lens [requests] int32 (cache length including this step's tokens). Requests
     hold ``q_len`` consecutive query tokens each (uniform spec verify), causal.
-    ``num_splits`` overrides the split choice; otherwise it is chosen from the batch,
-    heads and ``context`` (default: the largest page capacity of the block table, so
-    no device read). Returns out [tokens, heads, 512] (q's dtype) and lse fp32.
+    ``num_splits`` overrides the split choice and ``config`` the launch variant (sweeps);
+    otherwise both are chosen from the batch, heads and ``context`` (default: the largest
+    page capacity of the block table, so no device read). Returns out [tokens, heads, 512] (q's dtype) and lse fp32.
     """
     mla_decode_split, mla_decode_reduce = _kernels(interpreting())
     tokens, heads, width = q.shape
@@ -150,6 +160,9 @@ def mla_decode(
     if context is None:
         context = block_table.shape[1] * page
     p = plan(batch, heads, q_len, context, page, fp8, device_limits(_device_index(q)))
+    if config is not None:
+        assert num_splits is not None, "a config override needs its split count"
+        p = dataclasses.replace(p, split=config)
     if num_splits is not None:
         p = dataclasses.replace(
             p, num_splits=num_splits, reduce=configs.reduce_config(num_splits) if num_splits > 1 else None
@@ -174,7 +187,7 @@ def mla_decode(
     scale_t = k_scale if k_scale is not None else lse  # any fp32 pointer when unused
 
     cfg = p.split
-    grid = (configs.row_blocks(p.rows), p.num_splits, batch)
+    grid = (configs.row_blocks(p.rows, cfg.block_m), p.num_splits, batch)
     mla_decode_split[grid](
         q,
         kv_cache,
