@@ -1,5 +1,5 @@
 """Report of the draft-step measurements on the H200 (vLLM 0.20, gpu_engine_e2e.py suites
-hostprof, dgtiny, dgslice, dgmoe, dgprof): README.md + summary.json from the raw case files.
+hostprof, dgtiny, dgslice, dgmoe, dgprof, dgrope): README.md + summary.json from the raw case files.
 
     python benchmarks/draft_step_report.py benchmarks/results/draft_step_h200/raw \\
         --out benchmarks/results/draft_step_h200
@@ -34,6 +34,13 @@ MOE = {
     "sorted": "dg-moe-slice-ours-eagle3-k3",
     "unsorted": "dg-moe-slice-ours-eagle3-k3-unsorted",
 }
+ROPE = {
+    "plain": "dg-rope-slice-ours-plain",
+    "float32_cache": "dg-rope-slice-ours-eagle3-k3",
+    "stock_rope": "dg-rope-slice-ours-eagle3-k3-ropestock",
+    "tp8_drafter": "dg-rope-slice-ours-eagle3-k3-tp8draft",
+}
+EAGER = "dg-prof-slice-eagle3-k3-eager"
 
 
 def _load(raw: Path) -> dict[str, dict]:
@@ -88,6 +95,21 @@ def summarize(runs: dict[str, dict]) -> dict:
             "spec_over_plain": {k: round(step[k] / step["plain"], 2) for k in ("sorted", "unsorted")},
             "sorted_over_unsorted": round(step["sorted"] / step["unsorted"], 2),
         }
+    s["rope"] = {}
+    for ctx in runs[ROPE["plain"]]["contexts"]:
+        step = {k: runs[v]["contexts"][ctx]["step_ms"] for k, v in ROPE.items()}
+        s["rope"][ctx] = {
+            "step_ms": step,
+            "spec_over_plain": {k: round(step[k] / step["plain"], 2) for k in ROPE if k != "plain"},
+            "stock_minus_float32_ms": round(step["stock_rope"] - step["float32_cache"], 3),
+        }
+    eager = runs[EAGER]["profile"]
+    rope_op = next(o for o in eager["eager_ops_ms_per_step"] if o["op"] == "_C::rotary_embedding")
+    casts = [k for k in eager["kernels_full_names"] if "direct_copy" in k["kernel"] and "LoadWithCast" in k["kernel"]]
+    s["eager_attribution"] = {
+        "rotary_op": {"calls": rope_op["calls"], "ms": rope_op["ms"]},
+        "float32_casts": {"calls": sum(k["calls"] for k in casts), "ms": round(sum(k["ms"] for k in casts), 4)},
+    }
     s["gpu_profile"] = {}
     for name in ("dg-prof-slice-plain", "dg-prof-slice-eagle3-k3-draftgraph"):
         p = runs[name]["profile"]
@@ -247,6 +269,39 @@ def markdown(s: dict, runs: dict[str, dict]) -> str:
                 f"| `{r['kernel'].split('<')[0]}` | {out_type.group(1) if out_type else '?'} | "
                 f"{'yes' if 'LoadWithCast' in r['kernel'] else 'no'} | {r['calls']} | {r['ms']} |"
             )
+    ea, rope = s["eager_attribution"], s["rope"]
+    probe = json.loads((Path(__file__).resolve().parent / "results" / "rope_cache_h200.json").read_text())
+    big = [r for r in probe["rows"] if r["positions"] == 262_144 and r["kv_heads"] == 8]
+    half_us, f32_us = (next(r["us_per_op"] for r in big if r["cache"].startswith(c)) for c in ("bf16", "float32"))
+    lines += [
+        "",
+        f"Attributed in the same suite's case {EAGER} (no CUDA graphs, so every kernel has the op that launched "
+        f"it): vLLM's CUDA rotary op `_C::rotary_embedding` (the drafter's rope; the target's DeepSeek rope runs "
+        f"natively) {ea['rotary_op']['calls']} calls and {ea['rotary_op']['ms']} ms of kernels per step; the "
+        f"float32 casts {ea['float32_casts']['calls']} calls, {ea['float32_casts']['ms']} ms. The op converts a bf16 "
+        f"cos/sin cache to float32 on every call: {half_us} µs per call for K2.5's 262,144 positions x 128 with "
+        f"the bf16 cache, {f32_us} µs with a float32 one (`benchmarks/rope_cache_probe.py`, "
+        "`benchmarks/results/rope_cache_h200.md`). Patch "
+        "rope-float32-cache hands it a float32 copy made once (bit-identical q/k; `tests/test_rope_cache.py`).",
+        "",
+        "## Patch rope-float32-cache in the engine (suite dgrope, one device call)",
+        "",
+        "Every patch of ours, with the rope patch on and off; and the drafter at K2.5's TP-8 share "
+        "(slice-draft-tp8: 1 KV head, draft vocab 32,000 / 8 = 4,000, lm_head vocab-parallel) instead of "
+        "slice-draft (8 KV heads, draft vocab 16,384). Same step measure as above; its request times vary by "
+        "up to ~10 % within a case (raw files), so differences of a few tenths of a millisecond are near the noise.",
+        "",
+        "| context | ours plain | EAGLE-3 (float32 rope cache) | EAGLE-3, stock rope | EAGLE-3, TP-8 drafter | "
+        "t_spec/t_plain | stock rope | TP-8 drafter | stock - float32 (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ctx, r in rope.items():
+        st, ratio = r["step_ms"], r["spec_over_plain"]
+        lines.append(
+            f"| {int(ctx) // 1024}k | {st['plain']} | {st['float32_cache']} | {st['stock_rope']} | "
+            f"{st['tp8_drafter']} | **{ratio['float32_cache']}** | {ratio['stock_rope']} | "
+            f"{ratio['tp8_drafter']} | {r['stock_minus_float32_ms']} |"
+        )
     lines += [
         "",
         "## Where an EAGLE-3 step's host time went before (suite hostprof, cProfile of the engine thread)",

@@ -5,6 +5,7 @@
 # (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py). Each suite's results come
 # back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
+#   ONLY="case-name ..." bash benchmarks/gpu_engine_device.sh dgprof   (only those cases of the suites)
 set -u
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -18,7 +19,7 @@ for step in "$@"; do
   left=$((BUDGET - (SECONDS - S0)))
   case $step in
     pytest|pytest:*)  # pytest:FILE,FILE runs only those files' gpu tests
-      files="tests/test_mla_kernel.py tests/test_mla_backend.py tests/test_draft_attention.py tests/test_moe_verify.py"
+      files="tests/test_mla_kernel.py tests/test_mla_backend.py tests/test_draft_attention.py tests/test_moe_verify.py tests/test_rope_cache.py"
       [ "$step" != pytest ] && files=$(echo "${step#pytest:}" | tr , ' ')
       # shellcheck disable=SC2086
       timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider $files \
@@ -33,7 +34,7 @@ for step in "$@"; do
       suite=${step%%:*}; par=${step#*:}; [ "$par" = "$step" ] && par=1
       echo "== suite $suite (parallel $par, ${left}s left)"
       python3 benchmarks/gpu_engine_e2e.py run "$suite" --models .gpub/e2e --out "$WORK/$suite" \
-        --parallel "$par" --budget $((left - 15)) 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==)"
+        --parallel "$par" --budget $((left - 15)) ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==)"
       tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite" ;;
   esac
 done

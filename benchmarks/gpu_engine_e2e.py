@@ -133,6 +133,18 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
             "legacy", dataclasses.replace(draft, num_key_value_heads=1), str(dest / "slice"), "bfloat16", k=3
         ),
     )
+    # K2.5's drafter at TP 8 as one GPU holds it: 8 KV heads / 8 and a draft vocab of
+    # 32,000 / 8 (the lm_head is vocab-parallel), like the slice's own vocab
+    fileio.write_json(
+        str(dest / "slice-draft-tp8" / "config.json"),
+        export_config(
+            "legacy",
+            dataclasses.replace(draft, num_key_value_heads=1, draft_vocab_size=32_000 // 8),
+            str(dest / "slice"),
+            "bfloat16",
+            k=3,
+        ),
+    )
     # half the layers: with the 12-layer slice, step time = fixed + per-layer x layers can be
     # fit and carried to K2.5's 61 (suite dgdepth)
     half = {**cfg, "num_hidden_layers": n // 2}
@@ -419,7 +431,8 @@ def run_case(case: dict) -> dict:
                 prompt = json.loads(Path(case["prompts"]).read_text())[0]
             timed(prompt, 1)
             timed(prompt, GEN)  # warm
-            result["profile"] = profile_steps(lambda: timed(prompt, GEN))
+            # eager (no CUDA graphs): every kernel has the Python stack that launched it
+            result["profile"] = profile_steps(lambda: timed(prompt, GEN), stacks=not case["graphs"])
             if case["task"] == "hostprof":
                 wall, d, toks = timed(prompt, GEN)
                 result["wall_ms_per_step"] = round(1000 * wall / (d["drafts"] or (len(toks) - 1)), 3)
@@ -429,15 +442,17 @@ def run_case(case: dict) -> dict:
     return result
 
 
-def profile_steps(run) -> dict:
+def profile_steps(run, stacks: bool = False) -> dict:
     """Wall time vs GPU-busy time per engine step (torch.profiler; the union of kernel
-    intervals, so overlapping kernels count once), kernels per step, the top kernels."""
+    intervals, so overlapping kernels count once), kernels per step, the top kernels.
+    ``stacks``: also the Python stacks of the dtype casts and copies with the most device
+    time (only meaningful without CUDA graphs, where every kernel has a launching op)."""
     import collections
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
         wall, spec, toks = run()
     steps = spec["drafts"] or (len(toks) - 1)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -460,7 +475,9 @@ def profile_steps(run) -> dict:
     by_op = sorted(
         (o for o in averages if o.device_type == cpu and o.device_time_total > 0), key=lambda o: -o.device_time_total
     )
+    extra = {"copy_stacks": _copy_stacks(prof, steps)} if stacks else {}
     return {
+        **extra,
         "steps": steps,
         "wall_ms_per_step": round(1000 * wall / steps, 3),
         "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
@@ -485,6 +502,27 @@ def profile_steps(run) -> dict:
             for o in by_op[:25]
         ],  # fmt: skip
     }
+
+
+def _copy_stacks(prof, steps: int, top: int = 12) -> list[dict]:
+    """Casts and copies (aten::_to_copy / copy_) grouped by input shapes and the innermost
+    Python frames that called them, by device time per step."""
+    import collections
+
+    ms, calls = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.name not in ("aten::_to_copy", "aten::copy_") or not e.device_time_total:
+            continue
+        frames = tuple(f for f in (e.stack or []) if "torch/" not in f)[:6]
+        key = (e.name, str(e.input_shapes)[:160], frames)
+        ms[key] += e.device_time_total
+        calls[key] += 1
+    return [
+        {"op": op, "shapes": shapes, "stack": list(frames), "calls": round(calls[k] / steps, 2),
+         "ms": round(ms[k] / 1000 / steps, 4)}
+        for k, _ in ms.most_common(top)
+        for op, shapes, frames in [k]
+    ]  # fmt: skip
 
 
 def host_profile(run, top: int = 45) -> dict:
@@ -843,6 +881,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dgmoe",
         "dgdepth",
         "dgprof",
+        "dgrope",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
@@ -888,6 +927,16 @@ def suite(name: str, models: Path) -> list[dict]:
                  "spec": e3("slice-draft"), "draft_graph": True, "disable": [MOE_SORTED]},
                 {**base, "name": "dg-moe-slice-ours-plain", "backend": "ours"},
             ]  # fmt: skip
+        if name == "dgrope":  # patch rope-float32-cache on and off; the drafter at its TP-8 share
+            return [
+                {**base, "name": "dg-rope-slice-ours-plain", "backend": "ours"},
+                {**base, "name": "dg-rope-slice-ours-eagle3-k3", "backend": "ours", "spec": e3("slice-draft"),
+                 "draft_graph": True},
+                {**base, "name": "dg-rope-slice-ours-eagle3-k3-ropestock", "backend": "ours",
+                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [ROPE_FLOAT32]},
+                {**base, "name": "dg-rope-slice-ours-eagle3-k3-tp8draft", "backend": "ours",
+                 "spec": e3("slice-draft-tp8"), "draft_graph": True},
+            ]  # fmt: skip
         prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
                 "contexts": [4096]}  # fmt: skip
         return [
@@ -898,7 +947,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgprof"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgprof, dgrope"
     )
 
 
@@ -944,6 +993,7 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
 PREFILL_AS_DECODE = "draft-prefill-as-decode"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
+ROPE_FLOAT32 = "rope-float32-cache"
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
