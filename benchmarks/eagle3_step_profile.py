@@ -135,7 +135,9 @@ def main() -> None:
     table = _table(rows)
     print(table)
     if a.out:
-        command = "python benchmarks/eagle3_step_profile.py " + " ".join(sys.argv[1:])
+        # the plugin's switches are part of how it ran (e.g. VLLM_K2_DISABLE_PATCHES)
+        env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("VLLM_K2_"))
+        command = (env + " " if env else "") + "python benchmarks/eagle3_step_profile.py " + " ".join(sys.argv[1:])
         date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         fileio.write_text(a.out, json.dumps({"command": command, "date": date, "rows": rows}, indent=1))
         md = os.path.splitext(a.out)[0] + ".md"

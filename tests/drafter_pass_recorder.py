@@ -1,6 +1,7 @@
-"""Records, per model-runner step of a speculative engine, the step's k, whether it was a
-pure decode step (and one token per request: nothing to verify) and how many times the
-drafter's ``propose`` ran (one JSON line per step) to the file named by DRAFTER_PASS_RECORD.
+"""Records, per model-runner step of a speculative engine, the step's k, its drafts, whether
+it was a pure decode step (and one token per request: nothing to verify), how many times the
+drafter's ``propose`` and the rejection sampler ran (one JSON line per step) to the file
+named by DRAFTER_PASS_RECORD.
 Loaded through VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
 
 import json
@@ -10,10 +11,18 @@ from vllm_k2_plugin.patching import REGISTRY
 
 
 def _record(ctx):
+    from vllm.v1.sample import rejection_sampler
     from vllm.v1.spec_decode import llm_base_proposer
     from vllm.v1.worker import gpu_model_runner
 
-    passes = [0]
+    passes, rejections = [0], [0]
+
+    def wrap_rejection(original):
+        def forward(self, *args, **kwargs):
+            rejections[0] += 1
+            return original(self, *args, **kwargs)
+
+        return forward
 
     def wrap_propose(original):
         def propose(self, *args, **kwargs):
@@ -25,7 +34,7 @@ def _record(ctx):
     def wrap_sample_tokens(original):
         def sample_tokens(self, *args, **kwargs):
             state = self.execute_model_state
-            passes[0] = 0
+            passes[0] = rejections[0] = 0
             result = original(self, *args, **kwargs)
             if state is not None and self.speculative_config is not None:
                 out = state[0]
@@ -35,7 +44,8 @@ def _record(ctx):
                 )
                 one_each = all(n == 1 for n in out.num_scheduled_tokens.values())  # nothing to verify
                 line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "one_token_each": one_each,
-                        "drafter_passes": passes[0]}  # fmt: skip
+                        "drafts": sum(len(v) for v in spec.values()), "drafter_passes": passes[0],
+                        "rejection_sampler_calls": rejections[0]}  # fmt: skip
                 with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
                     f.write(json.dumps(line) + "\n")
             return result
@@ -44,6 +54,7 @@ def _record(ctx):
 
     ctx.wrap(llm_base_proposer.SpecDecodeBaseProposer, "propose", wrap_propose)
     ctx.wrap(gpu_model_runner.GPUModelRunner, "sample_tokens", wrap_sample_tokens)
+    ctx.wrap(rejection_sampler.RejectionSampler, "forward", wrap_rejection)
 
 
 REGISTRY.patch(

@@ -112,6 +112,21 @@ def test_drafter_off_probe_sees_a_runner_that_skips_the_drafter():
         GPUModelRunner.propose_draft_token_ids = stock
 
 
+@pytest.mark.vllm_latest
+def test_zero_draft_sampling_probe_sees_a_runner_that_samples_plainly():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_k2_plugin.spec_guard.zero_draft_sampling import _upstream_samples_plainly, _wrap_sample
+
+    assert _upstream_samples_plainly() is False
+    stock = GPUModelRunner._sample
+    GPUModelRunner._sample = _wrap_sample(stock)
+    try:
+        assert _upstream_samples_plainly() is True
+    finally:
+        GPUModelRunner._sample = stock
+
+
 @pytest.fixture(scope="module")
 def guard_runs(trained_pair_random_drafter, tmp_path_factory):
     target, draft = trained_pair_random_drafter
@@ -166,3 +181,18 @@ def test_engine_guard_k0_decode_steps_skip_the_drafter(guard_runs):
     ran = [s for s in on["steps"] if s not in skipped]
     assert any(not s["pure_decode"] for s in ran) and all(s["drafter_passes"] == 1 for s in ran), on["steps"]
     assert all(s["drafter_passes"] == 1 and s["k"] == 3 for s in off["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_latest
+def test_engine_steps_without_drafts_skip_the_rejection_sampler(guard_runs):
+    on, off = guard_runs["on"], guard_runs["off"]
+    assert on["patches"]["spec-guard-zero-draft-sampling"] == "applied"
+    none, some = [s for s in on["steps"] if s["drafts"] == 0], [s for s in on["steps"] if s["drafts"]]
+    assert none and some, on["steps"]
+    assert all(s["rejection_sampler_calls"] == 0 for s in none) and all(
+        s["rejection_sampler_calls"] == 1 for s in some
+    ), on["steps"]
+    # stock (guard off): every step of a speculative engine goes through it, drafts or not
+    assert all(s["rejection_sampler_calls"] == 1 for s in off["steps"])
+    assert any(s["drafts"] == 0 for s in off["steps"])  # the prefill steps
