@@ -56,13 +56,19 @@ def _attach(module, base) -> None:
         or type(module).forward_cuda is not base.forward_cuda
     ):
         return
-    f32 = _float_copy_if_identical(module)
+    try:
+        f32 = _float_copy_if_identical(module)
+    except Exception as e:  # noqa: BLE001 - an op that refuses a float32 cache: stock path, said once
+        f32, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "different q/k"
     if f32 is None:
         logger().warning(
-            "vllm-k2: rope-float32-cache: the CUDA rotary op gives different results with a float32 copy of "
-            "%s's cache on %s; this module keeps vLLM's path",
+            "vllm-k2: rope-float32-cache: the CUDA rotary op with a float32 copy of %s's cache on %s: %s; "
+            "this module keeps vLLM's path",
             type(module).__name__,
             cache.device,
+            why,
         )
         return
     module.register_buffer(ATTR, f32, persistent=False)
