@@ -98,33 +98,28 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "impo
 
 
 @pytest.mark.vllm_latest
-def test_drafter_off_probe_sees_a_runner_that_skips_the_drafter():
+@pytest.mark.parametrize(
+    "module, attr, probe, wrap",
+    [
+        ("drafter_off", "propose_draft_token_ids", "_upstream_skips_drafter", "_wrap_propose"),
+        ("zero_draft_sampling", "_sample", "_upstream_samples_plainly", "_wrap_sample"),
+    ],
+)
+def test_runner_patch_probe_sees_the_patched_behaviour(module, attr, probe, wrap):
+    """Each runner patch's upstream probe: False on stock vLLM, True once the runner does
+    what the patch does (its wrapper installed)."""
+    import importlib
+
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_k2_plugin.spec_guard.drafter_off import _upstream_skips_drafter, _wrap_propose
-
-    assert _upstream_skips_drafter() is False
-    stock = GPUModelRunner.propose_draft_token_ids
-    GPUModelRunner.propose_draft_token_ids = _wrap_propose(stock)
+    patch = importlib.import_module(f"vllm_k2_plugin.spec_guard.{module}")
+    assert getattr(patch, probe)() is False
+    stock = getattr(GPUModelRunner, attr)
+    setattr(GPUModelRunner, attr, getattr(patch, wrap)(stock))
     try:
-        assert _upstream_skips_drafter() is True
+        assert getattr(patch, probe)() is True
     finally:
-        GPUModelRunner.propose_draft_token_ids = stock
-
-
-@pytest.mark.vllm_latest
-def test_zero_draft_sampling_probe_sees_a_runner_that_samples_plainly():
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from vllm_k2_plugin.spec_guard.zero_draft_sampling import _upstream_samples_plainly, _wrap_sample
-
-    assert _upstream_samples_plainly() is False
-    stock = GPUModelRunner._sample
-    GPUModelRunner._sample = _wrap_sample(stock)
-    try:
-        assert _upstream_samples_plainly() is True
-    finally:
-        GPUModelRunner._sample = stock
+        setattr(GPUModelRunner, attr, stock)
 
 
 @pytest.fixture(scope="module")
