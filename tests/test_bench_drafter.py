@@ -21,6 +21,8 @@ from vllm_k2_plugin.train.recipe import load_recipe
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.vllm_independent
+
 RESULTS = REPO / "benchmarks" / "results" / "bench_ab_tiny_bench_drafter_cpu"
 DIGESTS = json.loads((RESULTS / "digests.json").read_text())
 

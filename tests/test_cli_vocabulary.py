@@ -11,6 +11,8 @@ import pytest
 
 from vllm_k2_plugin.cli import build_parser
 
+pytestmark = pytest.mark.vllm_independent
+
 #: commands that break a rule today, with the reason; the test fails once they comply
 #: (then delete the entry).
 PENDING: dict = {}

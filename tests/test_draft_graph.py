@@ -44,7 +44,7 @@ def draft_runs(trained_pair_random_drafter, tmp_path_factory):
             VLLM_K2_EXTRA_PATCH_MODULES="tests.draft_recorder",
             DRAFT_RECORD=str(tmp / "drafts.jsonl"),
         )
-        r = run_engine_job(tmp, job, env, timeout=900)
+        r = run_engine_job(tmp, job, env, timeout=900, in_process=True)
         assert r["ok"], (name, r.get("traceback") or r["log"][-4000:])
         r["drafts"] = per_request([json.loads(line) for line in (tmp / "drafts.jsonl").read_text().splitlines()])
         runs[name] = r

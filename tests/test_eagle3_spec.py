@@ -22,7 +22,7 @@ import pytest
 
 from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft
 
-from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_job
+from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_batch
 
 pytestmark = pytest.mark.slow
 
@@ -56,11 +56,10 @@ def _spec_job(k25_model, draft=None):
 @pytest.fixture(scope="module")
 def latest_runs(k25_model, drafts, tmp_path_factory):
     env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD="0")  # fixed k=3: the mechanics, not the guard
-    runs = {}
-    for name, draft in [("baseline", None)] + sorted(drafts.items()):
-        r = run_engine_job(tmp_path_factory.mktemp(f"spec-{name}"), _spec_job(k25_model, draft), env)
+    jobs = {name: _spec_job(k25_model, draft) for name, draft in [("baseline", None)] + sorted(drafts.items())}
+    runs = run_engine_batch(tmp_path_factory.mktemp("spec"), jobs, env)
+    for name, r in runs.items():
         assert r["ok"], (name, r.get("traceback") or r["log"][-3000:])
-        runs[name] = r
     return runs
 
 

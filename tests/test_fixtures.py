@@ -17,7 +17,7 @@ import pytest
 from vllm_k2_plugin import fileio
 from vllm_k2_plugin.fixtures import build_fixture
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_job
+from .conftest import SMALL_ENGINE, engine_env, run_engine_batch
 
 PROMPTS = [
     "The quick brown fox",
@@ -109,13 +109,13 @@ def test_tokenizer_and_chat_template_load_with_this_transformers(k25_model):
 @pytest.fixture(scope="module")
 def vllm_text_and_k25(text_model, k25_model, tmp_path_factory):
     """Prompt logprobs from vLLM for the text fixture and the K2.5 wrapper."""
-    results = {}
-    for name, model in (("text", text_model), ("k25", k25_model)):
-        tmp = tmp_path_factory.mktemp(f"fx-{name}")
-        job = {"model": model, "prompts": PROMPTS, "max_tokens": 4, "llm_kwargs": SMALL_ENGINE}
-        r = run_engine_job(tmp, job, engine_env())
+    jobs = {
+        name: {"model": model, "prompts": PROMPTS, "max_tokens": 4, "llm_kwargs": SMALL_ENGINE}
+        for name, model in (("text", text_model), ("k25", k25_model))
+    }
+    results = run_engine_batch(tmp_path_factory.mktemp("fx"), jobs, engine_env())
+    for r in results.values():
         assert r["ok"], r.get("traceback") or r["log"][-3000:]
-        results[name] = r
     return results
 
 

@@ -24,7 +24,7 @@ from vllm_k2_plugin.gguf.files import GGUFLoadError, discover_shards
 from vllm_k2_plugin.gguf.loader import Options, iter_weights, make_plan
 from vllm_k2_plugin.gguf.names import deepseek2_name_map
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_job
+from .conftest import SMALL_ENGINE, engine_env, run_engine_batch, run_engine_job
 
 PROMPTS = ["The quick brown fox", "def fibonacci(n):", "Kimi K2.5 is", "What is 12 times 7?"]
 MIXED = {
@@ -114,12 +114,10 @@ def runs(text_model, kimi_k2_config, ggufs, mixed_reference, tmp_path_factory):
         "f32_unsplit": _gguf_job(ggufs["f32_unsplit"], text_model),
         "mixed": _gguf_job(ggufs["mixed"], text_model),
     }
-    out = {}
-    for name, job in jobs.items():
-        r = run_engine_job(tmp_path_factory.mktemp(f"run-{name}"), job, env)
+    out = run_engine_batch(tmp_path_factory.mktemp("runs"), jobs, env)
+    for name, r in out.items():
         if name != "oracle":  # the oracle's own test reports its failure (a wrong layout fails to load)
             assert r["ok"], (name, r.get("traceback") or r["log"][-3000:])
-        out[name] = r
     return out
 
 

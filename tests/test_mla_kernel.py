@@ -28,6 +28,8 @@ import torch  # noqa: E402
 from vllm_k2_plugin.mla import configs  # noqa: E402
 from vllm_k2_plugin.mla.reference import mismatch, mla_decode_reference, random_case  # noqa: E402
 
+pytestmark = pytest.mark.vllm_independent
+
 SM_SCALE = 0.1147  # 1/sqrt(192 * 0.4) order, like DeepSeek with YaRN mscale
 
 

@@ -287,11 +287,11 @@ def test_gguf_patch_file_equals_runtime_twin(text_model, tmp_path):
     kwargs = dict(SMALL_ENGINE, tokenizer=text_model, hf_config_path=text_model)
     kwargs["model_loader_extra_config"] = {"force_dequant": "all"}
     job = {"model": paths[0], "prompts": ["The quick brown fox", "def f(x):"], "max_tokens": 6, "llm_kwargs": kwargs}
-    runtime = run_engine_job(tmp_path / "a", job, engine_env())
+    runtime = run_engine_job(tmp_path / "a", job, engine_env(), in_process=True)
     twins = "gguf-deepseek-force-dequant,gguf-skip-speculators-probe"
     env_b = engine_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), VLLM_K2_DISABLE_PATCHES=twins)
-    files_only = run_engine_job(tmp_path / "b", job, env_b)
-    stock = run_engine_job(tmp_path / "c", job, engine_env(VLLM_K2_DISABLE="1"))
+    files_only = run_engine_job(tmp_path / "b", job, env_b, in_process=True)
+    stock = run_engine_job(tmp_path / "c", job, engine_env(VLLM_K2_DISABLE="1"), in_process=True)
     assert runtime["ok"], runtime.get("traceback")
     assert files_only["ok"], files_only.get("traceback") or files_only["log"][-3000:]
     assert [o["token_ids"] for o in runtime["outputs"]] == [o["token_ids"] for o in files_only["outputs"]]

@@ -144,7 +144,7 @@ def guard_runs(trained_pair_random_drafter, tmp_path_factory):
         record = tmp / "drafter_passes.jsonl"
         env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD=flag, DRAFTER_PASS_RECORD=str(record),
                          VLLM_K2_EXTRA_PATCH_MODULES="tests.drafter_pass_recorder")  # fmt: skip
-        r = run_engine_job(tmp, job, env, timeout=900)
+        r = run_engine_job(tmp, job, env, timeout=900, in_process=True)
         assert r["ok"], (name, r.get("traceback") or r["log"][-4000:])
         r["steps"] = [json.loads(line) for line in record.read_text().splitlines()]
         runs[name] = r

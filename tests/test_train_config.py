@@ -7,6 +7,8 @@ import pytest
 
 from vllm_k2_plugin.cli import build_parser
 
+pytestmark = pytest.mark.vllm_independent
+
 BASE = ["train", "train", "--target", "t", "--data", "d", "--vocab", "v", "--out", "o"]
 
 

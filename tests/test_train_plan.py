@@ -10,6 +10,8 @@ import pytest
 from vllm_k2_plugin.train import plan as P
 from vllm_k2_plugin.train.hardware import GPUS, K25_DRAFT
 
+pytestmark = pytest.mark.vllm_independent
+
 # Hand-derived for the K2.5 draft (H=7168, 3 aux, 64x128 heads, I=18432, V=32000), T=2048, B=1, 7 TTT steps,
 # loss on every position: step k trains on 2046-k positions, sum = 7*2046-21 = 14301.
 P_LAYER = 2 * 7168 * 192 * 128 + 64 * 128 * 7168 + 3 * 7168 * 18432  # 807,403,520

@@ -12,6 +12,8 @@ from vllm_k2_plugin.cli import build_parser
 from vllm_k2_plugin.train.draft_model import DraftConfig, Eagle3Draft
 from vllm_k2_plugin.train.recipe import RecipeError, load_recipe, torchrun_command
 
+pytestmark = pytest.mark.vllm_independent
+
 BASE = 'work_dir = "w"\n[target]\nmodel = "m"\n[prepare]\ndata = ["a.jsonl"]\n'
 
 

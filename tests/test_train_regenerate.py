@@ -21,6 +21,8 @@ import pytest
 from vllm_k2_plugin.fixtures.trained_target import DATA_DIR
 from vllm_k2_plugin.train.prepare import prepare
 
+pytestmark = pytest.mark.vllm_independent
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -21,6 +21,8 @@ from vllm_k2_plugin.train.vocab import build_maps
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.vllm_independent
+
 CHAT = [{"role": "user", "content": "Continue: def f(x):"}, {"role": "assistant", "content": "    return x + 1"}]
 
 

@@ -20,6 +20,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 pytest.importorskip("torch")  # train_step.py measures with torch; its report needs none of the GPU
 import train_step  # noqa: E402
 
+pytestmark = pytest.mark.vllm_independent
+
 
 def _committed() -> dict:
     return json.loads(RESULTS.read_text())

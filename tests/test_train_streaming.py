@@ -47,6 +47,7 @@ def _manifest(counts, passes=None, num_samples=None):
     return {"metadata": meta, "shards": entries}
 
 
+@pytest.mark.vllm_independent
 def test_whole_epoch_window_is_the_old_global_shuffle():
     m = _manifest([(0, 4), (0, 3), (0, 5)])
     order = SampleOrder(m, seed=7, window=0)
@@ -56,6 +57,7 @@ def test_whole_epoch_window_is_the_old_global_shuffle():
         assert [order.locate(epoch * 12 + i) for i in range(12)] == [index[k] for k in perm]
 
 
+@pytest.mark.vllm_independent
 def test_windows_shuffle_within_their_shards_only_and_deterministically():
     m = _manifest([(0, 4)] * 6)
     order = SampleOrder(m, seed=3, window=2)
@@ -70,6 +72,7 @@ def test_windows_shuffle_within_their_shards_only_and_deterministically():
     assert again != got and sorted(again[:8]) == sorted(got[:8])
 
 
+@pytest.mark.vllm_independent
 def test_streaming_order_waits_for_whole_windows_and_counts_passes():
     m = _manifest([(0, 4), (0, 4), (0, 2)], passes=2, num_samples=12)  # pass 0: 10 of 12 samples listed
     order = SampleOrder(m, seed=0, window=2, streaming=True)
@@ -86,6 +89,7 @@ def test_streaming_order_waits_for_whole_windows_and_counts_passes():
         SampleOrder(m, seed=0, window=0, streaming=True)
 
 
+@pytest.mark.vllm_independent
 def test_a_shard_larger_than_the_budget_is_an_error(tmp_path):
     b = spool.Budget(str(tmp_path), 100)
     with pytest.raises(spool.SpoolError, match="one shard needs 101 B, more than the spool budget of 100 B"):
@@ -95,6 +99,7 @@ def test_a_shard_larger_than_the_budget_is_an_error(tmp_path):
 STREAM_BASE = 'work_dir = "w"\n[target]\nmodel = "m"\n[prepare]\ndata = ["a.jsonl"]\n'
 
 
+@pytest.mark.vllm_independent
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
@@ -112,6 +117,7 @@ def test_stream_recipe_errors_name_section_and_key(tmp_path, extra, needle):
     assert needle in str(e.value) and "r.toml" in str(e.value)
 
 
+@pytest.mark.vllm_independent
 def test_stream_recipe_loads(tmp_path):
     (tmp_path / "r.toml").write_text(STREAM_BASE + "[stream]\nspool_bytes = '1.5 GB'\n[train]\nshuffle_window = 4\n")
     assert load_recipe(str(tmp_path / "r.toml"))["stream"]["spool_bytes"] == 1_500_000_000
@@ -238,6 +244,7 @@ def _train_cmd(src, data, out, *extra):
             "--data", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
 
 
+@pytest.mark.vllm_independent
 def test_separate_commands_killed_and_restarted_match_offline_within_budget(source, tmp_path):
     steps = 12  # 24 samples / global batch 2
     subprocess.run(_train_cmd(source, source["data"], tmp_path / "offline"), check=True, env=_env(),
@@ -339,6 +346,7 @@ shuffle_window = 2
     _check_run(run, spool_dir, sampler, budget, reference, steps)
 
 
+@pytest.mark.vllm_independent
 def test_torchrun_streaming_matches_torchrun_offline(source, tmp_path):
     """Two DDP ranks (gloo) drain the spool as one: rank 0 decides when to wait, checkpoint
     and delete, and both read the same order as a two-rank offline run."""
@@ -362,6 +370,7 @@ def test_torchrun_streaming_matches_torchrun_offline(source, tmp_path):
     _check_run(tmp_path / "run", spool_dir, sampler, budget, _weights(tmp_path / "offline", 12), 12)
 
 
+@pytest.mark.vllm_independent
 def test_a_budget_too_small_for_a_window_is_an_error_not_a_hang(source, tmp_path):
     """One shard of budget, two shards per window: extraction waits for room that only
     training could free, training waits for the window's second shard. Training says so."""
