@@ -880,6 +880,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dgslice",
         "dgmoe",
         "dgdepth",
+        "dgdepthprof",
         "dgprof",
         "dgrope",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
@@ -939,6 +940,14 @@ def suite(name: str, models: Path) -> list[dict]:
             ]  # fmt: skip
         prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
                 "contexts": [4096]}  # fmt: skip
+        if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
+            return [
+                {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
+                {**prof, "name": "dg-depthprof6-eagle3-k3", "model": str(models / "slice6"),
+                 "spec": e3("slice6-draft"), "draft_graph": True},
+                {**prof, "name": "dg-depthprof12-plain"},
+                {**prof, "name": "dg-depthprof12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
+            ]  # fmt: skip
         return [
             {**prof, "name": "dg-prof-slice-eagle3-k3-draftgraph", "spec": e3("slice-draft"), "draft_graph": True},
             {**prof, "name": "dg-prof-slice-plain"},
@@ -947,7 +956,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgprof, dgrope"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgprof, dgrope"
     )
 
 

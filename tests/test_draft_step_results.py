@@ -27,3 +27,25 @@ def test_raw_cases_name_their_command_and_date():
         r = json.loads(p.read_text())
         assert r["command"].startswith("gpu_engine_e2e.py case") and r["date"].startswith("20"), p.name
         assert p.stem == r["case"]["name"]
+
+
+def test_depth_fit_on_known_numbers():
+    """GPU busy = fixed + layers x per-layer: 1 ms fixed + 0.1 ms per layer (plain) and 2 ms +
+    0.12 ms (EAGLE-3), off-GPU 0.5 / 1 ms at 12 layers -> the values at 61 layers."""
+
+    def case(busy, wall):
+        return {"wall_ms_per_step": wall, "profile": {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0},
+                "contexts": {"4096": {"step_ms": wall}}}  # fmt: skip
+
+    runs = {}
+    for layers in (6, 12):
+        plain, spec = 1 + 0.1 * layers, 2 + 0.12 * layers
+        runs[draft_step_report.DEPTH_PROF[layers]["plain"]] = case(plain, plain + 0.5)
+        runs[draft_step_report.DEPTH_PROF[layers]["eagle3"]] = case(spec, spec + 1)
+        runs[draft_step_report.DEPTH_STEPS[layers]["plain"]] = case(plain, plain)
+        runs[draft_step_report.DEPTH_STEPS[layers]["eagle3"]] = case(spec, spec)
+    d = draft_step_report.depth_fit(runs)
+    assert d["fit"]["plain"] == {"per_layer_ms": 0.1, "fixed_ms": 1.0, "off_gpu_ms_at_12": 0.5,
+                                 "gpu_busy_ms_at_61": 7.1, "step_ms_at_61": 7.6}  # fmt: skip
+    assert d["fit"]["eagle3"]["gpu_busy_ms_at_61"] == round(2 + 0.12 * 61, 3)
+    assert d["spec_over_plain"]["step_61_modelled"] == round((2 + 0.12 * 61 + 1) / 7.6, 2)
