@@ -383,6 +383,10 @@ def markdown(s: dict, runs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def depth_markdown(d: dict) -> list[str]:
     m, f, r = d["measured"], d["fit"], d["spec_over_plain"]
     lines = [
@@ -397,12 +401,11 @@ def depth_markdown(d: dict) -> list[str]:
         "| layers | mode | wall ms per step | GPU busy ms per step | kernels per step |",
         "|---|---|---|---|---|",
     ]
-    for layers, modes in m.items():
-        for mode, v in modes.items():
-            lines.append(
-                f"| {layers} | {mode} | {v['wall_ms_per_step']} | {v['gpu_busy_ms_per_step']} | "
-                f"{v['kernels_per_step']} |"
-            )
+    lines += [
+        _row(layers, mode, v["wall_ms_per_step"], v["gpu_busy_ms_per_step"], v["kernels_per_step"])
+        for layers, modes in m.items()
+        for mode, v in modes.items()
+    ]
     lines += [
         "",
         f"GPU busy = fixed + layers x per-layer through the two depths, carried to K2.5's {K25_LAYERS} layers "
@@ -411,11 +414,7 @@ def depth_markdown(d: dict) -> list[str]:
         "| mode | per layer (ms) | fixed (ms) | off-GPU at 12 layers (ms) | GPU busy at 61 (ms) | step at 61 (ms) |",
         "|---|---|---|---|---|---|",
     ]
-    for mode, v in f.items():
-        lines.append(
-            f"| {mode} | {v['per_layer_ms']} | {v['fixed_ms']} | {v['off_gpu_ms_at_12']} | {v['gpu_busy_ms_at_61']} | "
-            f"{v['step_ms_at_61']} |"
-        )
+    lines += [_row(mode, *v.values()) for mode, v in f.items()]
     lines += [
         "",
         f"t_spec/t_plain: GPU busy {r['gpu_busy_12_measured']} and wall {r['wall_12_measured']} measured at 12 layers; "
@@ -437,9 +436,11 @@ def depth_markdown(d: dict) -> list[str]:
         + " |",
         "|---|---|" + "---|" * len(next(iter(d["request_timed"][6].values()))),
     ]
-    for layers, modes in d["request_timed"].items():
-        for mode, ctxs in modes.items():
-            lines.append(f"| {layers} | {mode} | " + " | ".join(str(v) for v in ctxs.values()) + " |")
+    lines += [
+        _row(layers, mode, *ctxs.values())
+        for layers, modes in d["request_timed"].items()
+        for mode, ctxs in modes.items()
+    ]
     lines += [
         "",
         "This measure does not separate the depths: 6 layers came out within its noise of 12 (EAGLE-3 at 4k slower "
