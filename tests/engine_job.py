@@ -8,7 +8,7 @@ matches how users start vLLM (spawned engine core and workers; hence the guard).
 
 "in_process": true runs the engine core and worker in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uni executor): two process starts fewer (each
-imports torch and vLLM, ~20 s on a 2-core machine) for tests about an engine's outputs,
+imports torch and vLLM) for tests about an engine's outputs,
 not about how vLLM spawns its processes (tests/test_plugin_engine.py covers that).
 JOB {"batch": {name: job, ...}}: in-process engines one after another, each torn down
 before the next; RESULT {name: result}.
