@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONTEXTS = (4096, 32768, 131072)
+DEEP_LAYERS = 24  # slice24: 23 MoE layers x 4.2 GB of bf16 experts fit one H200 with its KV cache
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
 STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
 CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step")
@@ -160,6 +161,21 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
             k=3,
         ),
     )
+    # the deepest slice one H200 holds (24 layers of bf16 experts: ~100 GB) with K2.5's drafter at
+    # its TP-8 share: the step ratio measured where the GPU, not the host, sets the step time (dgdeep)
+    deep = {**cfg, "num_hidden_layers": DEEP_LAYERS}
+    fileio.write_json(str(dest / "slice24" / "config.json"), deep)
+    fileio.write_json(
+        str(dest / "slice24-draft-tp8" / "config.json"),
+        export_config(
+            "legacy",
+            dataclasses.replace(draft, num_key_value_heads=1, draft_vocab_size=32_000 // 8,
+                                aux_layer_ids=[2, DEEP_LAYERS // 2, DEEP_LAYERS - 3]),
+            str(dest / "slice24"),
+            "bfloat16",
+            k=3,
+        ),
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         tok = AutoTokenizer.from_pretrained(build_fixture("trained-text", tmp))
     held = [f for f in tt.stdlib_files() if tt.is_heldout(f)]
@@ -881,6 +897,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dgmoe",
         "dgdepth",
         "dgdepthprof",
+        "dgdeep",
         "dgprof",
         "dgrope",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
@@ -940,6 +957,22 @@ def suite(name: str, models: Path) -> list[dict]:
             ]  # fmt: skip
         prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
                 "contexts": [4096]}  # fmt: skip
+        if name == "dgdeep":  # 24 layers, one engine at a time (--parallel 1): steps, then under the profilers
+            deep = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
+                    "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            e3d = {"spec": e3("slice24-draft-tp8"), "draft_graph": True}
+            own = {**e3d, "draft_head": "own"}  # its own 4,000-row head, as a trained drafter has
+            dprof = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
+            return [
+                {**deep, "name": "dg-deep24-plain"},
+                {**deep, "name": "dg-deep24-eagle3-k3-ownhead", **own},
+                {**deep, "name": "dg-deep24-eagle3-k3-ownhead-spread", **own, "routing": "spread"},
+                {**dprof, "name": "dg-deepprof24-eagle3-k3-ownhead", **own},
+                {**deep, "name": "dg-deep24-eagle3-k3", **e3d},
+                {**dprof, "name": "dg-deepprof24-plain"},
+                {**dprof, "name": "dg-deepprof24-eagle3-k3", **e3d},
+                {**prof, "name": "dg-depthprof12-eagle3-k3-tp8", "spec": e3("slice-draft-tp8"), "draft_graph": True},
+            ]
         if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
             return [
                 {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
@@ -956,7 +989,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgprof, dgrope"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope"
     )
 
 
@@ -1003,6 +1036,9 @@ PREFILL_AS_DECODE = "draft-prefill-as-decode"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"
+#: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
+#: "draft_head": "own"); without it vLLM shares the target's full-vocabulary head with it.
+DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
@@ -1023,8 +1059,14 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         env["VLLM_K2_DRAFT_GRAPH"] = "1" if case["draft_graph"] else "0"
     if case["task"] in ("profile", "hostprof"):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    extra = []
     if case.get("fault"):
-        env.update(VLLM_K2_EXTRA_PATCH_MODULES="tests.mla_faults", MLA_FAULT=case["fault"])
+        extra.append("tests.mla_faults")
+        env["MLA_FAULT"] = case["fault"]
+    if case.get("dummy") and case.get("spec", {}).get("method") == "eagle3" and case.get("draft_head") == "own":
+        extra.append(DUMMY_DRAFT_HEAD)
+    if extra:
+        env["VLLM_K2_EXTRA_PATCH_MODULES"] = ",".join(extra)
     return env
 
 

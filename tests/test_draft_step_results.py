@@ -23,7 +23,7 @@ def test_committed_results_are_the_reports_output(tmp_path):
 
 
 def test_raw_cases_name_their_command_and_date():
-    for p in (RESULTS / "raw").glob("*.json"):
+    for p in (RESULTS / "raw").rglob("*.json"):
         r = json.loads(p.read_text())
         assert r["command"].startswith("gpu_engine_e2e.py case") and r["date"].startswith("20"), p.name
         assert p.stem == r["case"]["name"]
@@ -49,3 +49,32 @@ def test_depth_fit_on_known_numbers():
                                  "gpu_busy_ms_at_61": 7.1, "step_ms_at_61": 7.6}  # fmt: skip
     assert d["fit"]["eagle3"]["gpu_busy_ms_at_61"] == round(2 + 0.12 * 61, 3)
     assert d["spec_over_plain"]["step_61_modelled"] == round((2 + 0.12 * 61 + 1) / 7.6, 2)
+
+
+def test_deep_ratios_are_over_the_same_calls_plain_case():
+    """Each device call's EAGLE-3 rows read against that call's own plain case (never another
+    call's), and the depth fit is evaluated at 24 layers."""
+
+    def steps(name, ms):
+        return {"case": {"name": name, "task": "steps", "model": "s24"}, "date": "2026-12-02T00:00",
+                "contexts": {"4096": {"step_ms": ms}}}  # fmt: skip
+
+    def prof(name, wall, busy):
+        profile = {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0}
+        return {"case": {"name": name, "task": "hostprof", "model": "s24"}, "date": "2026-12-02T00:00",
+                "wall_ms_per_step": wall, "profile": profile}  # fmt: skip
+
+    r = draft_step_report
+    leases = {
+        "lease1": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 4.0), "e3": steps("e3", 6.0),
+                   r.DEEP_PROF_PLAIN: prof(r.DEEP_PROF_PLAIN, 4.0, 2.0), "p3": prof("p3", 5.0, 3.0)},
+        "lease2": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 2.0), "e3": steps("e3", 3.0)},
+    }  # fmt: skip
+    fit = {"plain": {"fixed_ms": 0.1, "per_layer_ms": 0.1}, "eagle3": {"fixed_ms": 1.0, "per_layer_ms": 0.2}}
+    d = r.deep_summary(leases, fit)
+    assert d["lease1"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
+    assert d["lease2"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
+    assert d["lease1"]["profiled"]["p3"] | {} == {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 3.0,
+                                                  "kernels_per_step": 1.0, "wall_over_plain": 1.25,
+                                                  "busy_over_plain": 1.5}  # fmt: skip
+    assert d["fit_at_24"] == {"plain": 2.5, "eagle3": 5.8}
