@@ -203,10 +203,10 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
         }
         summary[mode.name] = entry
     base_texts = next((r[base]["texts"] for r in rounds if "error" not in r.get(base, {"error": 1})), None)
-    summary["lossless"] = {
+    summary["lossless"] = {  # None: nothing to compare (no baseline, or the mode never ran)
         m.name: (
             None
-            if base_texts is None
+            if base_texts is None or not summary[m.name]["rounds_ok"]
             else [i for r in rounds if "error" not in r.get(m.name, {"error": 1})
                   for i, (a, b) in enumerate(zip(r[m.name]["texts"], base_texts, strict=True)) if a != b]
         )
