@@ -508,7 +508,7 @@ def deep_markdown(d: dict) -> list[str]:
     ctxs = sorted({c for k in leases for r in d[k]["steps"].values() for c in r}, key=int)
     lines = [
         "",
-        f"## The deepest slice one H200 holds: {DEEP_LAYERS} layers (suite dgdeep, three device calls)",
+        f"## The deepest slice one H200 holds: {DEEP_LAYERS} layers (suite dgdeep, {len(leases)} device calls)",
         "",
         f"The slice at {DEEP_LAYERS} layers (23 MoE layers of bf16 experts, ~100 GB; one engine at a time), every "
         "patch of ours, draft graph on, the drafter at K2.5's TP-8 share (`slice24-draft-tp8`: 1 KV head, draft "
