@@ -52,6 +52,7 @@ K25_LAYERS = 61
 DEEP_DIR = "dgdeep"
 DEEP_LAYERS = 24
 DEEP_PLAIN, DEEP_PROF_PLAIN = "dg-deep24-plain", "dg-deepprof24-plain"
+DEEP_PROF_OWN = "dg-deepprof24-eagle3-k3-ownhead"
 
 
 def depth_fit(runs: dict[str, dict]) -> dict:
@@ -129,7 +130,24 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
                 )
         out[lease] = rec
     out["fit_at_24"] = {mode: round(f["fixed_ms"] + DEEP_LAYERS * f["per_layer_ms"], 3) for mode, f in fit.items()}
+    out["host_over_plain"] = host_over_plain(leases)
     return out
+
+
+def host_over_plain(leases: dict[str, dict[str, dict]], top: int = 14) -> dict:
+    """The last call with both profiled cases: cProfile's inclusive ms per step of the
+    EAGLE-3 step's top functions beside the plain step's (None: not in the plain step's
+    top list), largest first."""
+    lease = next((k for k in sorted(leases, reverse=True)
+                  if DEEP_PROF_PLAIN in leases[k] and DEEP_PROF_OWN in leases[k]), None)  # fmt: skip
+    if lease is None:
+        return {}
+    spec, plain = (leases[lease][n]["host"] for n in (DEEP_PROF_OWN, DEEP_PROF_PLAIN))
+    base = {r["fn"]: r["incl_ms"] for r in plain["by_inclusive"]}
+    rows = [{"fn": "/".join(r["fn"].split("/")[-2:]), "calls": r["calls"], "spec_ms": r["incl_ms"],
+             "plain_ms": base.get(r["fn"])} for r in spec["by_inclusive"][:top]]  # fmt: skip
+    return {"lease": lease, "profiled_ms_per_step": {"eagle3": spec["wall_ms_per_step_profiled"],
+            "plain": plain["wall_ms_per_step_profiled"]}, "rows": rows}  # fmt: skip
 
 
 def _load_leases(raw: Path) -> dict[str, dict[str, dict]]:
@@ -555,6 +573,20 @@ def deep_markdown(d: dict) -> list[str]:
         "busy, its wall moved from call to call with the host (the own-head rows of lease2 and lease3), the plain "
         "step's did not; within lease2 the spread row measured faster than dummy routing, inside that noise.",
     ]
+    h = d["host_over_plain"]
+    if h:
+        p = h["profiled_ms_per_step"]
+        lines += [
+            "",
+            f"Where the host time goes ({h['lease']}, cProfile of the engine thread, inclusive ms per step under the "
+            f"profiler: {p['eagle3']} EAGLE-3 against {p['plain']} plain; '-': not among the plain step's top "
+            "functions). Not yet attributed further: which of these wait on the GPU and which are Python.",
+            "",
+            "| function | calls per step | EAGLE-3 | plain |",
+            "|---|---|---|---|",
+        ]
+        lines += [_row(f"`{r['fn']}`", r["calls"], r["spec_ms"], "-" if r["plain_ms"] is None else r["plain_ms"])
+                  for r in h["rows"]]  # fmt: skip
     return lines
 
 
