@@ -124,6 +124,10 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
                     row["wall_over_plain"] = round(r["wall_ms_per_step"] / pplain["wall_ms_per_step"], 2)
                     row["busy_over_plain"] = round(busy / pplain["profile"]["gpu_busy_ms_per_step"], 2)
                 rec["profiled"][name] = row
+            if "experts_dummy_router" in r:
+                rec.setdefault("experts_dummy_router", {})[name] = round(
+                    r["experts_dummy_router"]["mean_distinct_experts"], 2
+                )
             if r["case"].get("routing") == "spread":
                 rec.setdefault("experts_spread_router", {})[name] = round(
                     r["experts_spread_router"]["mean_distinct_experts"], 1
@@ -558,12 +562,14 @@ def deep_markdown(d: dict) -> list[str]:
             over = (r.get("wall_over_plain", "-"), r.get("busy_over_plain", "-"))
             lines.append(_row(lease, DEEP_LABELS.get(name, name), *cells, *over))
     spread = {n: v for k in leases for n, v in d[k].get("experts_spread_router", {}).items()}
+    dummy = {v for k in leases for v in d[k].get("experts_dummy_router", {}).values()}
     fit = d["fit_at_24"]
     lines += [
         "",
         f"The depth fit of the section above (6 and 12 layers) put GPU busy at {DEEP_LAYERS} layers at {fit['plain']} "
         f"ms plain and {fit['eagle3']} ms EAGLE-3 (drafter on the target's head), beside the measured rows above. "
-        "Dummy routers pick nearly the same experts for the 4 tokens of a verify step (8.42 distinct per layer); "
+        "Dummy routers pick nearly the same experts for the 4 tokens of a verify step "
+        f"({', '.join(map(str, sorted(dummy)))} distinct per layer); "
         + (
             f"redrawn to spread they pick {min(spread.values())} (the spread row; its GPU busy was not profiled). "
             if spread

@@ -162,7 +162,7 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
         ),
     )
     # the deepest slice one H200 holds (24 layers of bf16 experts: ~100 GB) with K2.5's drafter at
-    # its TP-8 share: the step ratio measured where the GPU, not the host, sets the step time (dgdeep)
+    # its TP-8 share: the step ratio at twice the 12-layer slice's depth (dgdeep)
     deep = {**cfg, "num_hidden_layers": DEEP_LAYERS}
     fileio.write_json(str(dest / "slice24" / "config.json"), deep)
     fileio.write_json(
