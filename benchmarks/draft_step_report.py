@@ -106,8 +106,9 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
     beside the measured one (the fit is from the 6- and 12-layer slices)."""
     out: dict = {}
     for lease, runs in sorted(leases.items()):
-        plain, pplain = runs.get(DEEP_PLAIN), runs.get(DEEP_PROF_PLAIN)
-        rec: dict = {"dates": sorted({r["date"][:16] for r in runs.values()}), "steps": {}, "profiled": {}}
+        plain = runs.get(DEEP_PLAIN)
+        rec: dict = {"dates": sorted({r["date"][:16] for r in runs.values()}), "steps": {}, "profiled": {},
+                     "code": {name: _code(r) for name, r in runs.items()}}  # fmt: skip
         # plain first: the rows of a call read against it
         for name, r in sorted(runs.items(), key=lambda kv: (kv[0] not in (DEEP_PLAIN, DEEP_PROF_PLAIN), kv[0])):
             if "contexts" in r and isinstance(r["contexts"], dict) and r["case"]["task"] == "steps":
@@ -118,9 +119,12 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
                 }  # fmt: skip
             elif "profile" in r:
                 busy = r["profile"]["gpu_busy_ms_per_step"]
-                row = {"wall_ms_per_step": r["wall_ms_per_step"], "gpu_busy_ms_per_step": busy,
-                       "kernels_per_step": r["profile"]["kernels_per_step"]}  # fmt: skip
-                if pplain and name != DEEP_PROF_PLAIN and r["case"]["model"] == pplain["case"]["model"]:
+                top = r["profile"].get("top_kernels_ms_per_step", {})
+                row = {"context": (r["case"].get("contexts") or [4096])[0], "wall_ms_per_step": r["wall_ms_per_step"],
+                       "gpu_busy_ms_per_step": busy, "kernels_per_step": r["profile"]["kernels_per_step"],
+                       "attention_ms": {k: top.get(k) for k in ATTENTION_KERNELS}}  # fmt: skip
+                pplain = _profiled_plain(runs, r)
+                if pplain is not None and "spec" in r["case"]:
                     row["wall_over_plain"] = round(r["wall_ms_per_step"] / pplain["wall_ms_per_step"], 2)
                     row["busy_over_plain"] = round(busy / pplain["profile"]["gpu_busy_ms_per_step"], 2)
                 rec["profiled"][name] = row
@@ -134,8 +138,62 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
                 )
         out[lease] = rec
     out["fit_at_24"] = {mode: round(f["fixed_ms"] + DEEP_LAYERS * f["per_layer_ms"], 3) for mode, f in fit.items()}
+    out["noisy_rounds"] = noisy_rounds(leases)
+    out["attention_32k"] = attention_32k(out)
     out["host_over_plain"] = host_over_plain(leases)
     return out
+
+
+def noisy_rounds(leases: dict[str, dict[str, dict]], spread: float = 1.2) -> list[dict]:
+    """Request-timed rows whose long requests (every round after the first, which captures
+    graphs) differ by more than ``spread`` slowest over fastest: a median that the host moved."""
+    rows = []
+    for lease, runs in sorted(leases.items()):
+        for name, r in sorted(runs.items()):
+            if r["case"]["task"] != "steps":
+                continue
+            for ctx, v in r["contexts"].items():
+                long = [t for k, ts in v["request_s"].items() if k != "1" for t in ts[1:]]
+                if max(long) > spread * min(long):
+                    rows.append({"lease": lease, "case": name, "context": ctx, "request_s": long})
+    return rows
+
+
+def attention_32k(deep: dict) -> dict | None:
+    """The profiled EAGLE-3 step at 32k before and after D_SPLIT + segments (the last call of
+    each), with the plain step of the 'before' call."""
+    found = {}
+    for lease in sorted(k for k in deep if k.startswith("lease")):
+        for name, r in deep[lease]["profiled"].items():
+            if r["context"] == 32768 and name in DEEP_LABELS:
+                kind = "plain" if "plain" in name else deep[lease]["code"][name]
+                found[kind] = {"lease": lease, **r}
+    before, after, plain = (found.get(k) for k in (CODE_LABELS["absent"], CODE_LABELS["applied"], "plain"))
+    if not (before and after and plain):
+        return None
+    return {"before": before, "after": after, "plain": plain,
+            "busy_over_plain": [round(x["gpu_busy_ms_per_step"] / plain["gpu_busy_ms_per_step"], 2)
+                                for x in (before, after)]}  # fmt: skip
+
+
+#: The verify step's MLA kernel and the drafter's attention (TRITON_ATTN), as the profiler names them.
+ATTENTION_KERNELS = ("mla_decode_split", "kernel_unified_attention")
+#: The code a case ran, from its patch states: the draft-attention-segments patch came with the
+#: MLA kernel's D_SPLIT form (one commit), so its absence marks the earlier kernel.
+SEGMENTS_PATCH = "draft-attention-segments"
+CODE_LABELS = {"absent": "before D_SPLIT", "applied": "D_SPLIT, segments on", "disabled": "D_SPLIT, segments off"}
+
+
+def _code(r: dict) -> str:
+    state = r.get("patches", {}).get(SEGMENTS_PATCH, "absent")
+    return CODE_LABELS.get(state, f"D_SPLIT, segments {state}")
+
+
+def _profiled_plain(runs: dict[str, dict], r: dict) -> dict | None:
+    """The same call's profiled plain case (no drafter) of the same model and context."""
+    return next((p for p in runs.values() if p is not r and "profile" in p and "spec" not in p["case"]
+                 and p["case"]["model"] == r["case"]["model"]
+                 and p["case"].get("contexts") == r["case"].get("contexts")), None)  # fmt: skip
 
 
 def host_over_plain(leases: dict[str, dict[str, dict]], top: int = 14) -> dict:
@@ -521,6 +579,9 @@ DEEP_LABELS = {
     "dg-deepprof24-plain": "plain",
     "dg-deepprof24-eagle3-k3": "EAGLE-3 k=3, drafter on the target's lm_head",
     "dg-deepprof24-eagle3-k3-ownhead": "EAGLE-3 k=3, drafter with its own head",
+    "dg-deep24-eagle3-k3-ownhead-segstock": "EAGLE-3 k=3, own head, TRITON_ATTN's stock 16 segments",
+    "dg-deepprof24-32k-plain": "plain",
+    "dg-deepprof24-32k-eagle3-k3-ownhead": "EAGLE-3 k=3, drafter with its own head",
     "dg-depthprof12-eagle3-k3-tp8": "12 layers: EAGLE-3 k=3, slice-draft-tp8 on the target's lm_head",
 }
 
@@ -540,27 +601,65 @@ def deep_markdown(d: dict) -> list[str]:
         "own head. Every ratio is over the plain case of the same device call; each call is its own table row "
         "group. Request-timed steps (multiprocess engine, the measure of dgslice), ms per step and over plain:",
         "",
-        "| call | case | " + " | ".join(f"{int(c) // 1024}k" for c in ctxs) + " |",
-        "|---|---|" + "---|" * len(ctxs),
+        "| call | case | code | " + " | ".join(f"{int(c) // 1024}k" for c in ctxs) + " |",
+        "|---|---|---|" + "---|" * len(ctxs),
     ]
     for lease in leases:
         rec = d[lease]
         for name, r in rec["steps"].items():
             cells = [f"{r[c]['step_ms']}" + (f" ({r[c]['over_plain']}x)" if name != DEEP_PLAIN else "") for c in ctxs]
-            lines.append(_row(f"{lease} ({rec['dates'][0]})", DEEP_LABELS.get(name, name), *cells))
+            lines.append(_row(f"{lease} ({rec['dates'][0]})", DEEP_LABELS.get(name, name), rec["code"][name], *cells))
     lines += [
         "",
-        "Profiled (in-process engine, 4k; GPU busy = union of kernel times under torch.profiler, wall = one "
-        "unprofiled 128-token request), ms per step:",
+        "Code: `before D_SPLIT` = the MLA kernel's one 576-column dot per tile and TRITON_ATTN's stock 16 split-KV "
+        "segments; `D_SPLIT` = four 128-column dots (bf16) and, unless off, patch draft-attention-segments.",
         "",
-        "| call | case | wall | GPU busy | kernels | wall over plain | GPU busy over plain |",
-        "|---|---|---|---|---|---|---|",
+        "Profiled (in-process engine; GPU busy = union of kernel times under torch.profiler, wall = one "
+        "unprofiled 128-token request; over plain: the same call's profiled plain case at the same context), "
+        f"ms per step, with the attention kernels' share ({' / '.join(ATTENTION_KERNELS)}; '-': not among the "
+        "step's 12 largest kernels):",
+        "",
+        "| call | case | code | context | wall | GPU busy | kernels | attention | wall over plain "
+        "| GPU busy over plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lease in leases:
         for name, r in d[lease]["profiled"].items():
             cells = (r["wall_ms_per_step"], r["gpu_busy_ms_per_step"], r["kernels_per_step"])
+            attn = " / ".join("-" if v is None else str(v) for v in r["attention_ms"].values())
             over = (r.get("wall_over_plain", "-"), r.get("busy_over_plain", "-"))
-            lines.append(_row(lease, DEEP_LABELS.get(name, name), *cells, *over))
+            lines.append(_row(lease, DEEP_LABELS.get(name, name), d[lease]["code"][name],
+                              f"{r['context'] // 1024}k", *cells, attn, *over))  # fmt: skip
+    a = d.get("attention_32k")
+    if a:
+        (mb, ub), (ma, ua) = (x["attention_ms"].values() for x in (a["before"], a["after"]))
+        lines += [
+            "",
+            f"At 32k, {a['before']['lease']} (before) against {a['after']['lease']} (after), across calls: the "
+            f"drafter's attention (3 passes) {ub} -> {ua} ms per step, the verify step's MLA kernel {mb} -> {ma} ms, "
+            f"GPU busy {a['before']['gpu_busy_ms_per_step']} -> {a['after']['gpu_busy_ms_per_step']} ms, that is "
+            f"{a['busy_over_plain'][0]} -> {a['busy_over_plain'][1]}x the plain step's "
+            f"{a['plain']['gpu_busy_ms_per_step']} ms ({a['plain']['lease']}; GPU busy moves little from call "
+            "to call: the profiled plain step at 4k measured "
+            + ", ".join(
+                f"{r['gpu_busy_ms_per_step']} ({k})"
+                for k in leases
+                for n, r in d[k]["profiled"].items()
+                if n == DEEP_PROF_PLAIN
+            )  # fmt: skip
+            + " ms).",
+        ]
+    if d.get("noisy_rounds"):
+        lines += [
+            "",
+            "Rows whose long requests (rounds after the first) spread by more than 20 %, slowest over fastest: "
+            + "; ".join(
+                f"{n['lease']} {DEEP_LABELS.get(n['case'], n['case'])} at {int(n['context']) // 1024}k: "
+                f"{', '.join(str(t) for t in n['request_s'])} s"
+                for n in d["noisy_rounds"]
+            )  # fmt: skip
+            + ". The step is the median's: such a row says the host moved, not the code.",
+        ]
     spread = {n: v for k in leases for n, v in d[k].get("experts_spread_router", {}).items()}
     dummy = {v for k in leases for v in d[k].get("experts_dummy_router", {}).values()}
     fit = d["fit_at_24"]

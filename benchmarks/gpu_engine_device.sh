@@ -33,6 +33,7 @@ for step in "$@"; do
     *)
       suite=${step%%:*}; par=${step#*:}; [ "$par" = "$step" ] && par=1
       echo "== suite $suite (parallel $par, ${left}s left)"
+      rm -rf "${WORK:?}/$suite"  # a warm machine keeps the last call's cases: only this call's come back
       python3 benchmarks/gpu_engine_e2e.py run "$suite" --models .gpub/e2e --out "$WORK/$suite" \
         --parallel "$par" --budget $((left - 15)) ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==)"
       tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite" ;;

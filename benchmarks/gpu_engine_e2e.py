@@ -963,15 +963,19 @@ def suite(name: str, models: Path) -> list[dict]:
             e3d = {"spec": e3("slice24-draft-tp8"), "draft_graph": True}
             own = {**e3d, "draft_head": "own"}  # its own 4,000-row head, as a trained drafter has
             dprof = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
+            dprof32 = {**dprof, "contexts": [32768], "max_model_len": 32768 + 512}  # where 4k -> 32k goes
             return [
                 {**deep, "name": "dg-deep24-plain"},
                 {**deep, "name": "dg-deep24-eagle3-k3-ownhead", **own},
                 {**deep, "name": "dg-deep24-eagle3-k3-ownhead-spread", **own, "routing": "spread"},
+                {**deep, "name": "dg-deep24-eagle3-k3-ownhead-segstock", **own, "disable": [DRAFT_SEGMENTS]},
                 {**dprof, "name": "dg-deepprof24-eagle3-k3-ownhead", **own},
                 {**deep, "name": "dg-deep24-eagle3-k3", **e3d},
                 {**dprof, "name": "dg-deepprof24-plain"},
                 {**dprof, "name": "dg-deepprof24-eagle3-k3", **e3d},
                 {**prof, "name": "dg-depthprof12-eagle3-k3-tp8", "spec": e3("slice-draft-tp8"), "draft_graph": True},
+                {**dprof32, "name": "dg-deepprof24-32k-plain"},
+                {**dprof32, "name": "dg-deepprof24-32k-eagle3-k3-ownhead", **own},
             ]
         if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
             return [
@@ -1033,6 +1037,8 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
 
 #: The drafter's first pass through TRITON_ATTN's split-KV decode kernel (patch draft-prefill-as-decode).
 PREFILL_AS_DECODE = "draft-prefill-as-decode"
+#: TRITON_ATTN's split-KV grid widened to fill the GPU at small batches (patch draft-attention-segments).
+DRAFT_SEGMENTS = "draft-attention-segments"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"

@@ -1,11 +1,12 @@
 """Probe launch variants of the MLA split kernel beside the launcher's choice (row tiles
-of 16/32/64, bf16 split partials), on the H200, kernel-only µs (profiler, L2 flushed),
+of 16/32, the 512 latent columns as one dot or four 128-wide ones (D_SPLIT), bf16 split
+partials), on the H200, kernel-only µs (profiler, L2 flushed),
 each at a ladder of split counts; the best count is reported per variant. Every
 variant's output is compared with the launcher's own (relative L2 difference).
 ``--ncu`` runs Nsight Compute on the launcher's choice at NCU_CASES (occupancy, stall
 reasons, DRAM throughput). Each writes its raw output and a Markdown report itself.
 
-    python3 benchmarks/mla_tile_probe.py --out benchmarks/results/mla_tile_probe_h200.json
+    python3 benchmarks/mla_tile_probe.py --out benchmarks/results/mla_tile_probe_h200_dsplit.json
     python3 benchmarks/mla_tile_probe.py --ncu benchmarks/results/mla_tile_probe_h200_ncu.txt
 """
 
@@ -29,14 +30,16 @@ NCU_SECTIONS = (
     "MemoryWorkloadAnalysis",
 )
 
-VARIANTS = {  # (block_m, warps, block_n, stages)
-    "bf16": [(16, 4, 32, 5), (32, 8, 32, 2), (32, 8, 32, 3), (32, 8, 32, 4), (32, 8, 16, 3), (64, 8, 16, 2)],
-    "fp8": [(16, 8, 64, 2), (32, 8, 32, 2), (32, 8, 32, 3), (32, 8, 16, 3)],
-}
+VARIANTS = {  # (block_m, warps, block_n, stages, d_split): the launcher's own first, then D_SPLIT forms
+    "bf16": [(16, 4, 32, 5, False), (16, 4, 32, 5, True), (16, 8, 64, 2, False), (16, 8, 64, 2, True),
+             (16, 4, 32, 2, True), (16, 8, 32, 5, True), (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
+    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, True), (16, 8, 32, 5, True), (16, 4, 32, 5, True),
+            (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
+}  # fmt: skip
 PROBES = (  # (batch, context, heads, q_len)
+    (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1),
     (1, 8192, 8, 4), (1, 32768, 8, 4), (1, 131072, 8, 4), (8, 8192, 8, 4), (8, 32768, 8, 4), (8, 131072, 8, 4),
-    (64, 8192, 8, 4), (1, 32768, 64, 1), (8, 8192, 64, 1), (64, 8192, 64, 1), (1, 32768, 64, 4),
-    (8, 8192, 64, 4), (64, 8192, 64, 4), (64, 32768, 64, 4),
+    (64, 8192, 8, 4), (1, 32768, 64, 1), (64, 8192, 64, 1), (1, 32768, 64, 4), (64, 8192, 64, 4),
 )  # fmt: skip
 #: rows of 8 heads x q_len 1 fit one 16-row tile only; there the probe is bf16 partials
 PARTIAL_PROBES = ((1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1))
@@ -91,8 +94,8 @@ def main() -> int:
             ks = k_scale if fp8 else None
             ref, _ = launcher.mla_decode(q, pools[kv], bt, sl, bench.SM_SCALE, q_len=ql, k_scale=ks)
             chosen = launcher.plan(batch, heads, ql, ctx, bench.PAGE, fp8, limits)
-            for bm, w, bn, st in variants:
-                cfg = configs.SplitConfig(bench.PAGE, bm, bn, w, st, fp8)
+            for bm, w, bn, st, ds in variants:
+                cfg = configs.SplitConfig(bench.PAGE, bm, bn, w, st, fp8, ds)
                 is_pick = cfg == chosen.split
                 rb = configs.row_blocks(heads * ql, bm)
                 times, diff = {}, None
@@ -114,7 +117,7 @@ def main() -> int:
                         times[s] = repr(e)[:120]
                 num = {s: t for s, t in times.items() if isinstance(t, float)}
                 best = min(num, key=num.get) if num else None
-                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, variant=[bm, w, bn, st],
+                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, variant=[bm, w, bn, st, ds],
                            launcher_variant=is_pick, launcher_splits=chosen.num_splits if is_pick else None,
                            best_splits=best, best_us=num.get(best), max_rel_diff=diff, kernel_us=times)  # fmt: skip
                 records.append(rec)
@@ -161,7 +164,7 @@ def _triton_version() -> str:
 
 
 def _variant(v) -> str:
-    return "m{}/w{}/n{}/s{}".format(*v)
+    return "m{}/w{}/n{}/s{}".format(*v[:4]) + ("/d4" if v[4:] and v[4] else "")
 
 
 def write_report(result: dict, path: str) -> None:
@@ -176,7 +179,8 @@ def write_report(result: dict, path: str) -> None:
           "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
           "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
           "count; < 1: faster), and its largest relative L2 difference from the launcher's output.", "",
-          "| probe | KV | variant (m/w/n/s) | launcher's | best splits | best µs | / launcher's | rel. diff |",
+          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT) | launcher's | best splits | best µs | / launcher's "
+          "| rel. diff |",
           "|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
     tiles = [r for r in result["records"] if "variant" in r]
     for r in tiles:

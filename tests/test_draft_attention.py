@@ -1,6 +1,8 @@
-"""Patch ``draft-prefill-as-decode``: vLLM's own unified attention kernel, fed the drafting
-metadata of a stock TRITON_ATTN builder and of the patched one, against a float64
-reference; the patched metadata must take the split-KV (3D) path and the stock one not.
+"""Patches ``draft-prefill-as-decode`` and ``draft-attention-segments``: vLLM's own unified
+attention kernel, fed the drafting metadata of a stock TRITON_ATTN builder, of the patched
+one, and of the patched one with its split-KV grid widened to fill the GPU, against a
+float64 reference; the patched metadata must take the split-KV (3D) path and the stock one
+not, and the widened one must run more segments than stock.
 
 CPU: vLLM's kernel under the Triton interpreter (one subprocess: the interpreter must be
 chosen before triton is imported; vLLM's CPU build hides triton, so the subprocess hands
@@ -42,8 +44,13 @@ GPU_CASES = [
     (64, 8, 128, 16, 4, [4099]),
     (64, 8, 128, 16, 4, [70_000, 4, 1000, 33]),  # 4: the shortest valid context for q_len 4
     (32, 8, 128, 64, 2, [12_345, 777]),
+    (8, 1, 128, 16, 4, [70_000]),  # K2.5's drafter at its TP-8 share: one KV head, 4 rows widen
+    (8, 1, 128, 16, 2, [32_768]),
 ]
 THRESHOLD_3D, SEGMENTS = 16, 16
+#: SMs the widened grid is sized for: the GPU's own on the device; on the CPU enough that
+#: the first two CPU cases widen (the scratch of THRESHOLD_3D x SEGMENTS rows bounds them).
+CPU_SM_COUNT = 1024
 
 
 def _bare_builder(heads_q: int, head: int, device: torch.device):
@@ -52,6 +59,7 @@ def _bare_builder(heads_q: int, head: int, device: torch.device):
     b = TritonAttentionMetadataBuilder.__new__(TritonAttentionMetadataBuilder)
     b.device, b.seq_threshold_3D, b.num_par_softmax_segments = device, THRESHOLD_3D, SEGMENTS
     b.max_seqs_64_segments, b.rswa_window = 0, None  # newer builders' state, off
+    b.num_heads_kv = None  # set by run_case
     pad = 1 << (head - 1).bit_length()
     b.softmax_segm_output = torch.empty(THRESHOLD_3D, heads_q, SEGMENTS, pad, device=device)
     b.softmax_segm_max = torch.empty(THRESHOLD_3D, heads_q, SEGMENTS, device=device)
@@ -113,6 +121,7 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     from vllm_k2_plugin.draft_attention.patch import _wrap_build_for_drafting
+    from vllm_k2_plugin.draft_attention.segments import widen
 
     heads_q, heads_kv, head, page, q_len, contexts = case
     common, n_pages = _common(contexts, q_len, page, device, seed)
@@ -121,13 +130,18 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
     k = torch.randn(n_pages, page, heads_kv, head, generator=g).to(device, dtype)
     v = torch.randn(n_pages, page, heads_kv, head, generator=g).to(device, dtype)
     ref = _reference(q, k, v, common.block_table_tensor.cpu(), contexts, q_len, page)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SM_COUNT
     result = {}
     for name, build in (
         ("stock", Builder.build_for_drafting),
         ("ours", _wrap_build_for_drafting(Builder.build_for_drafting)),
+        ("wide", _wrap_build_for_drafting(Builder.build_for_drafting)),
     ):
         builder = _bare_builder(heads_q, head, device)
+        builder.num_heads_kv = heads_kv
         meta = build(builder, common_attn_metadata=common, draft_index=0)
+        if name == "wide":
+            widen(builder, meta, sm_count)
         meta.softmax_segm_max.fill_(float("nan"))
         out = torch.full_like(q, float("nan"))
         unified_attention(
@@ -144,6 +158,7 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
             "max_err": float(err.max()) if not out.isnan().any() else float("nan"),
             "split_kv": bool(not meta.softmax_segm_max.isnan().all()),
             "query_len": int(meta.max_query_len),
+            "segments": int(meta.num_par_softmax_segments),
         }
     unchanged = [
         _wrap_build_for_drafting(Builder.build_for_drafting)(
@@ -157,7 +172,11 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
 def _run_all(device: str) -> dict:
     dev = torch.device(device)
     cases, dtype = (GPU_CASES, torch.bfloat16) if dev.type == "cuda" else (CPU_CASES, torch.float32)
-    return {str(i): run_case(c, dev, dtype, seed=11 * i + 3) for i, c in enumerate(cases)}
+    results = {str(i): run_case(c, dev, dtype, seed=11 * i + 3) for i, c in enumerate(cases)}
+    results["sm_count"] = (
+        torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else CPU_SM_COUNT
+    )
+    return results
 
 
 def _check(results: dict, cases: list, tol: float) -> None:
@@ -168,6 +187,18 @@ def _check(results: dict, cases: list, tol: float) -> None:
         assert r["ours"]["split_kv"] and not r["stock"]["split_kv"], (case, r)  # the 3D kernel ran for ours only
         assert r["ours"]["max_err"] <= tol and r["stock"]["max_err"] <= tol, (case, r)
         assert r["later_pass_query_len"] == q_len, (case, r)
+        assert r["wide"]["split_kv"] and r["wide"]["max_err"] <= tol, (case, r)
+        assert r["ours"]["segments"] == SEGMENTS, (case, r)
+    # the widened grid ran more segments where the GPU (or CPU_SM_COUNT) has room for them
+    sms = results["sm_count"]
+    widened = [
+        str(i)
+        for i, (_, kv, _, _, q_len, ctx) in enumerate(cases)
+        if len(ctx) * q_len * kv * 2 * SEGMENTS <= sms and len(ctx) * q_len * 2 <= THRESHOLD_3D
+    ]
+    assert widened, "no case leaves room for a wider grid: the widening is not exercised"
+    for i in widened:
+        assert results[i]["wide"]["segments"] > SEGMENTS, (cases[int(i)], results[i])
 
 
 @pytest.fixture(scope="module")

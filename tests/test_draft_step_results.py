@@ -55,26 +55,34 @@ def test_deep_ratios_are_over_the_same_calls_plain_case():
     """Each device call's EAGLE-3 rows read against that call's own plain case (never another
     call's), and the depth fit is evaluated at 24 layers."""
 
-    def steps(name, ms):
+    def steps(name, ms, rounds=(1.0, 0.5, 0.5, 0.55)):
         return {"case": {"name": name, "task": "steps", "model": "s24"}, "date": "2026-12-02T00:00",
-                "contexts": {"4096": {"step_ms": ms}}}  # fmt: skip
+                "contexts": {"4096": {"step_ms": ms, "request_s": {"1": [0.1] * 4, "129": list(rounds)}}}}  # fmt: skip
 
-    def prof(name, wall, busy):
+    def prof(name, wall, busy, spec=False, ctx=4096):
         profile = {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0}
-        return {"case": {"name": name, "task": "hostprof", "model": "s24"}, "date": "2026-12-02T00:00",
-                "wall_ms_per_step": wall, "profile": profile}  # fmt: skip
+        case = {"name": name, "task": "hostprof", "model": "s24", "contexts": [ctx]} | ({"spec": {}} if spec else {})
+        return {"case": case, "date": "2026-12-02T00:00", "wall_ms_per_step": wall, "profile": profile}
 
     r = draft_step_report
     leases = {
         "lease1": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 4.0), "e3": steps("e3", 6.0),
-                   r.DEEP_PROF_PLAIN: prof(r.DEEP_PROF_PLAIN, 4.0, 2.0), "p3": prof("p3", 5.0, 3.0)},
-        "lease2": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 2.0), "e3": steps("e3", 3.0)},
+                   r.DEEP_PROF_PLAIN: prof(r.DEEP_PROF_PLAIN, 4.0, 2.0), "p3": prof("p3", 5.0, 3.0, spec=True),
+                   "p3-32k": prof("p3-32k", 9.0, 6.0, spec=True, ctx=32768)},
+        "lease2": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 2.0), "e3": steps("e3", 3.0, rounds=(1.0, 0.5, 0.7, 0.5)),
+                   "p32k": prof("p32k", 6.0, 4.0, ctx=32768), "p3-32k": prof("p3-32k", 7.0, 5.0, spec=True, ctx=32768)},
     }  # fmt: skip
     fit = {"plain": {"fixed_ms": 0.1, "per_layer_ms": 0.1}, "eagle3": {"fixed_ms": 1.0, "per_layer_ms": 0.2}}
     d = r.deep_summary(leases, fit)
     assert d["lease1"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
     assert d["lease2"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
-    assert d["lease1"]["profiled"]["p3"] | {} == {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 3.0,
+    assert d["lease1"]["profiled"]["p3"] | {} == {"context": 4096, "wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 3.0,
                                                   "kernels_per_step": 1.0, "wall_over_plain": 1.25,
-                                                  "busy_over_plain": 1.5}  # fmt: skip
+                                                  "busy_over_plain": 1.5,
+                                                  "attention_ms": dict.fromkeys(r.ATTENTION_KERNELS)}  # fmt: skip
+    # a profile reads against the same call's plain profile at its own context, or none
+    assert "busy_over_plain" not in d["lease1"]["profiled"]["p3-32k"]
+    assert d["lease2"]["profiled"]["p3-32k"]["busy_over_plain"] == 1.25
     assert d["fit_at_24"] == {"plain": 2.5, "eagle3": 5.8}
+    # the first round (graph capture) never counts; 0.7 / 0.5 does
+    assert [(n["lease"], n["case"]) for n in d["noisy_rounds"]] == [("lease2", "e3")]

@@ -36,7 +36,7 @@ def test_every_launcher_config_compiles_and_fits(arch):
     if arch == 120:  # every preferred variant (a smaller-smem device falls back along the list)
         for fp8, prefs in configs.PREFERENCE.items():
             for warps, block_n, stages in prefs:
-                cfg = configs.SplitConfig(16, configs.BLOCK_M, block_n, warps, stages, fp8)
+                cfg = configs.SplitConfig(16, configs.BLOCK_M, block_n, warps, stages, fp8, configs.D_SPLIT[fp8])
                 for direct in (False, True):
                     shared, regs, _ = aot.compile_one("split", cfg, arch, direct=direct, ptxas=True)
                     assert shared <= configs.table_smem(cfg) <= SM120_LIMIT, f"{cfg}: {shared} B"

@@ -171,11 +171,14 @@ def test_split_choice_never_a_fraction_of_a_wave(device):
 
 
 def test_row_tile_follows_rows_per_request():
-    # 32-row tiles from WIDE_FROM_ROWS rows on (H200 tile probe), with the 16-row plan's grid
-    assert _plan(8, 8, 4, 32768, H200).split.block_m == 16  # 32 rows: 16-row tiles were faster (bf16)
+    # 32-row tiles (one dot) from WIDE_FROM_ROWS rows on (H200 tile probe), with the 16-row plan's
+    # grid; 16-row bf16 tiles run D_SPLIT
+    narrow = _plan(8, 8, 4, 32768, H200).split
+    assert (narrow.block_m, narrow.d_split) == (16, True)  # 32 rows: 16-row tiles were faster (bf16)
     wide = _plan(64, 64, 4, 8192, H200)
-    assert (wide.split.block_m, wide.num_splits) == (32, 2)  # the probe's best; the cost model gave 1 (1.35x slower)
+    assert (wide.split.block_m, wide.num_splits, wide.split.d_split) == (32, 2, False)  # the probe's best
     assert _plan(8, 64, 1, 8192, H200, fp8=True).split.block_m == 32
+    assert not _plan(1, 8, 1, 8192, H200, fp8=True).split.d_split
     assert _plan(8, 8, 4, 32768, H200, fp8=True).split.block_m == 16
     small = configs.Device(132, 60_000, 233_472)  # no room for the 32-row tile: 16-row tiles
     assert _plan(64, 64, 4, 8192, small).split.block_m == 16

@@ -91,6 +91,7 @@ def _split_source(cfg: configs.SplitConfig, q_dtype: str, direct: bool):
         "BLOCK_N": cfg.block_n,
         "IS_FP8": cfg.fp8,
         "DIRECT": direct,
+        "D_SPLIT": cfg.d_split,
         "DOT_F32": False,  # interpreter-only switch; compiled kernels use native dots
     }
     sig.update({k: "constexpr" for k in consts})

@@ -100,11 +100,22 @@ VARIANT_REGS = {
         (4, 16, 5): 256,
     },
 }
+#: The 512 latent columns of a 16-row tile as four 128-wide dots (the kernel's D_SPLIT)
+#: instead of one chain of MMAs over 576 columns, per KV dtype. In the H200 tile probe with
+#: it (benchmarks/results/mla_tile_probe_h200_dsplit.md) the launcher's bf16 variant took
+#: 0.84-0.96x its one-dot time (8 heads, batch 1-64, q_len 1 and 4, 32k-128k), each at the
+#: launcher's split count; fp8's took 1.10-1.15x (Triton no longer stages its fp8 tile
+#: through shared memory). The bf16 register counts in VARIANT_REGS bound both forms (aot,
+#: Triton 3.9).
+D_SPLIT = {False: True, True: False}
 #: 32-row tiles: one latent tile feeds twice the rows of a program (fewer, larger dots).
 #: In the H200 tile probe (benchmarks/results/mla_tile_probe_h200.md), rows per request
 #: being query tokens x heads: bf16 at 256 rows (64 heads x q_len 4) the 16-row tile took
 #: 1.21-1.23x the 32-row one's time at batch 64, 0.98-1.02x at batch 1-8; at 32 rows the
 #: 32-row tile took 1.2-2x the 16-row one's. fp8 from 64 rows: the 16-row tile took 0.98-1.13x.
+#: With D_SPLIT the launcher's bf16 16-row variant took 0.91x / 0.99x the 32-row tile's time
+#: at 256 rows, batch 1 / 64 (its other variants down to 0.60x): kept until the split sweep
+#: is re-run with D_SPLIT (the launcher's split counts there were fit to these tiles).
 WIDE_BLOCK_M = 32
 WIDE_FROM_ROWS = {False: 256, True: 64}
 #: (num_warps, BLOCK_N, num_stages) of the 32-row tile, its shared memory and registers
@@ -137,6 +148,7 @@ class SplitConfig:
     num_warps: int
     num_stages: int
     fp8: bool
+    d_split: bool = False  # the kernel's D_SPLIT: four 128-column dots per tile instead of one 512-wide
 
 
 @dataclass(frozen=True)
@@ -159,7 +171,7 @@ def split_config(page: int, fp8: bool, max_smem: int, rows: int = 1) -> SplitCon
     table = VARIANT_SMEM[fp8]
     fits = [v for v in PREFERENCE[fp8] if table[v] <= max_smem]
     warps, block_n, stages = fits[0] if fits else min(table, key=table.get)
-    return SplitConfig(page, BLOCK_M, block_n, warps, stages, fp8)
+    return SplitConfig(page, BLOCK_M, block_n, warps, stages, fp8, D_SPLIT[fp8])
 
 
 def all_split_configs(max_smem: int) -> list[SplitConfig]:

@@ -7,6 +7,9 @@ once for all of them (Q = 4 costs little more than Q = 1). The 512 nope columns 
 tile are both K (scores) and V (output): one load, no second pass. Causality inside
 a verify step: token t of a request with seq_len S sees positions < S - (Q - 1 - t).
 
+D_SPLIT: the scores as four 128-column dots (plus the rope one) instead of one chain of MMAs
+over 576 columns: independent accumulations a warp can interleave, the same bytes loaded.
+
 Addressing: page ids from the block table become int64 before they are multiplied by
 the real page stride (cross-layer KV views have a page stride != PAGE * 576, and
 page * stride overflows int32 for large caches).
@@ -31,6 +34,7 @@ import triton.language as tl
 
 D_NOPE = tl.constexpr(512)
 D_ROPE = tl.constexpr(64)
+D_CHUNK = tl.constexpr(128)  # D_NOPE / 4 (D_SPLIT)
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
 #: finite "minus infinity" for the running max: exp2(-inf - M) is 0 and exp2(M - M)
@@ -65,6 +69,7 @@ def mla_decode_split(
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
     DIRECT: tl.constexpr,
+    D_SPLIT: tl.constexpr = False,  # 512 columns as four 128-wide dots (shorter dependent MMA chains)
     DOT_F32: tl.constexpr = False,  # TRITON_INTERPRET only: its bf16 dot is wrong (3.6, 3.9)
 ):
     pid_m = tl.program_id(0)  # fastest: row blocks of one split run side by side (L2 reuse)
@@ -86,16 +91,18 @@ def mla_decode_split(
     offs_r = tl.arange(0, D_ROPE)
     q_tok = req.to(tl.int64) * q_len + tok  # global token index of each row
     q_ptr = Q + q_tok[:, None] * stride_q_tok + head[:, None] * stride_q_head
-    q_nope = tl.load(q_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=row_ok[:, None], other=0.0)
-    if DOT_F32:
-        q_nope = q_nope.to(tl.float32)
-        q_rope = q_rope.to(tl.float32)
-    elif IS_FP8:
-        # e4m3 -> fp16 is one native conversion (sm_89+); e4m3 -> bf16 is not. The dots
-        # of the fp8 path therefore run in fp16 (q of an MLA decode is far below 65504).
-        q_nope = q_nope.to(tl.float16)
-        q_rope = q_rope.to(tl.float16)
+    # e4m3 -> fp16 is one native conversion (sm_89+); e4m3 -> bf16 is not. The dots of
+    # the fp8 path therefore run in fp16 (q of an MLA decode is far below 65504).
+    dot_ty: tl.constexpr = tl.float32 if DOT_F32 else (tl.float16 if IS_FP8 else Q.dtype.element_ty)
+    q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
+    if D_SPLIT:
+        offs_c = tl.arange(0, D_CHUNK)
+        q0 = tl.load(q_ptr + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
+        q1 = tl.load(q_ptr + D_CHUNK + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
+        q2 = tl.load(q_ptr + 2 * D_CHUNK + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
+        q3 = tl.load(q_ptr + 3 * D_CHUNK + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
+    else:
+        q_nope = tl.load(q_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(dot_ty)
 
     if IS_FP8:
         k_scale = tl.load(K_SCALE)
@@ -105,7 +112,13 @@ def mla_decode_split(
 
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
+    if D_SPLIT:
+        acc0 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, D_CHUNK], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
 
     bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
@@ -114,14 +127,21 @@ def mla_decode_split(
         page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
         kv_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_tok
         kv_ptr = KV + kv_off[:, None]
-        k_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0)
-        if IS_FP8 or DOT_F32:
-            k_nope = k_nope.to(q_nope.dtype)
-            k_rope = k_rope.to(q_nope.dtype)
-
-        s = tl.dot(q_nope, tl.trans(k_nope))
-        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+        if D_SPLIT:
+            k0 = tl.load(kv_ptr + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+            k1 = tl.load(kv_ptr + D_CHUNK + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+            k2 = tl.load(kv_ptr + 2 * D_CHUNK + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+            k3 = tl.load(kv_ptr + 3 * D_CHUNK + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+            # five independent accumulations instead of one chain over 576 columns
+            s = (tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))) + (
+                tl.dot(q2, tl.trans(k2)) + tl.dot(q3, tl.trans(k3))
+            )
+            s += tl.dot(q_rope, tl.trans(k_rope))
+        else:
+            k_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
+            s = tl.dot(q_nope, tl.trans(k_nope))
+            s = tl.dot(q_rope, tl.trans(k_rope), s)
         s = s * score_scale
         visible = (offs_n[None, :] < row_seq[:, None]) & n_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -130,24 +150,38 @@ def mla_decode_split(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope)  # V = the same tile
+        p = p.to(dot_ty)
+        if D_SPLIT:  # V = the same tile
+            acc0 = acc0 * alpha[:, None] + tl.dot(p, k0)
+            acc1 = acc1 * alpha[:, None] + tl.dot(p, k1)
+            acc2 = acc2 * alpha[:, None] + tl.dot(p, k2)
+            acc3 = acc3 * alpha[:, None] + tl.dot(p, k3)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, k_nope)
         m_i = m_new
 
     has = l_i > 0.0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     if IS_FP8:
         inv_l = inv_l * k_scale
-    out = acc * inv_l[:, None]
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
 
     if DIRECT:
-        o_ptr = OUT + q_tok[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :]
-        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        o_ptr = OUT + q_tok[:, None] * stride_o_tok + head[:, None] * stride_o_head
+        o_ty = OUT.dtype.element_ty
         tl.store(LSE + q_tok * num_heads + head, lse, mask=row_ok)
     else:
         ws = (q_tok * num_heads + head) * num_splits + pid_s
-        tl.store(WS_OUT + ws[:, None] * D_NOPE + offs_d[None, :], out, mask=row_ok[:, None])
+        o_ptr = WS_OUT + ws[:, None] * D_NOPE
+        o_ty = WS_OUT.dtype.element_ty
         tl.store(WS_LSE + ws, lse, mask=row_ok)
+    if D_SPLIT:
+        tl.store(o_ptr + offs_c[None, :], (acc0 * inv_l[:, None]).to(o_ty), mask=row_ok[:, None])
+        tl.store(o_ptr + D_CHUNK + offs_c[None, :], (acc1 * inv_l[:, None]).to(o_ty), mask=row_ok[:, None])
+        tl.store(o_ptr + 2 * D_CHUNK + offs_c[None, :], (acc2 * inv_l[:, None]).to(o_ty), mask=row_ok[:, None])
+        tl.store(o_ptr + 3 * D_CHUNK + offs_c[None, :], (acc3 * inv_l[:, None]).to(o_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptr + offs_d[None, :], (acc * inv_l[:, None]).to(o_ty), mask=row_ok[:, None])
 
 
 @triton.jit

@@ -214,6 +214,7 @@ def mla_decode(
         BLOCK_N=cfg.block_n,
         IS_FP8=fp8,
         DIRECT=direct,
+        D_SPLIT=cfg.d_split,
         DOT_F32=interpreting() and q.dtype != torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
