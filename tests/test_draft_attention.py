@@ -269,6 +269,40 @@ def test_upstream_probe_sees_the_rewrite():
         Builder.build_for_drafting = stock
 
 
+@pytest.mark.vllm_latest
+def test_segment_count_fills_the_sms_once_within_the_scratch():
+    from vllm_k2_plugin.draft_attention.segments import MAX_SEGMENTS, wide_segments
+
+    # H200 (132 SMs), K2.5's drafter at TP 8 (one KV head), stock scratch 128 rows x 16 segments
+    assert wide_segments(1, 1, 132, 16, 2048) == MAX_SEGMENTS
+    assert wide_segments(4, 1, 132, 16, 2048) == 32  # 4 x 32 = 128 programs <= 132
+    assert wide_segments(9, 1, 132, 16, 2048) == 16  # 9 x 32 > 132: stock
+    assert wide_segments(1, 8, 132, 16, 2048) == 16  # 8 KV heads fill the SMs at 16 already
+    assert wide_segments(2, 1, 188, 16, 2048) == 64  # sm_120's 188 SMs
+    assert wide_segments(4, 1, 132, 16, 64) == 16  # partials of 4 rows x 32 segments need 128 rows
+
+
+@pytest.mark.vllm_latest
+def test_segments_probe_sees_a_build_that_widens():
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder as Builder
+
+    from vllm_k2_plugin.draft_attention.segments import _upstream_fills_the_gpu
+
+    assert _upstream_fills_the_gpu() is False
+    stock = Builder.build
+
+    def wider(self, *args, **kwargs):
+        meta = stock(self, *args, **kwargs)
+        meta.num_par_softmax_segments = 64
+        return meta
+
+    Builder.build = wider
+    try:
+        assert _upstream_fills_the_gpu() is True
+    finally:
+        Builder.build = stock
+
+
 @pytest.mark.gpu
 def test_gpu_kernel_takes_the_split_path_and_matches_float64():
     if not torch.cuda.is_available():
