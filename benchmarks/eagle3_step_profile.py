@@ -115,10 +115,12 @@ def main() -> None:
     ap.add_argument("--with-k0", action="store_true", help="also the drafter scheduled at k = 0 (vLLM >= 0.32)")
     ap.add_argument("--guard-k0", action="store_true",
                     help="baseline and k = 0 only, with the speculation guard's patches on (vLLM >= 0.32)")  # fmt: skip
+    ap.add_argument("--guard", action="store_true",
+                    help="baseline and the drafter at --k with the speculation guard choosing k per step")  # fmt: skip
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
     # fixed k per engine (the guard would change it mid-run), unless k = 0 under the guard is asked for
-    os.environ["VLLM_K2_SPEC_GUARD"] = "1" if a.guard_k0 else "0"
+    os.environ["VLLM_K2_SPEC_GUARD"] = "1" if a.guard_k0 or a.guard else "0"
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.target)
@@ -129,6 +131,7 @@ def main() -> None:
     rows = [run(a.target, None, 0, prompts, a.max_tokens, engine)]
     if not a.guard_k0:
         rows.append(run(a.target, a.draft, a.k, prompts, a.max_tokens, engine))
+        rows[-1]["guard"] = "free" if a.guard else None
     if a.with_k0 or a.guard_k0:
         rows.append(run(a.target, a.draft, a.k, prompts, a.max_tokens, engine, k0=True))
         rows[-1]["guard"] = a.guard_k0
@@ -149,7 +152,10 @@ def main() -> None:
 def _table(rows: list[dict]) -> str:
     """Markdown: per engine step, each probe's cumulative ms, one column per engine."""
     names = [
-        "baseline" if not r["draft"] else f"eagle3 k={r['k']}" + (" (guard: drafter off)" if r.get("guard") else "")
+        "baseline"
+        if not r["draft"]
+        else f"eagle3 k={r['k']}"
+        + {"free": " (guard picks k)", None: "", False: ""}.get(r.get("guard"), " (guard: drafter off)")
         for r in rows
     ]
     lines = ["| per engine step (ms) | " + " | ".join(names) + " |", "|---" * (len(rows) + 1) + "|"]
