@@ -103,10 +103,10 @@ VARIANT_REGS = {
 #: The 512 latent columns of a 16-row tile as four 128-wide dots (the kernel's D_SPLIT)
 #: instead of one chain of MMAs over 576 columns, per KV dtype. In the H200 tile probe with
 #: it (benchmarks/results/mla_tile_probe_h200_dsplit.md) the launcher's bf16 variant took
-#: 0.84-0.96x its one-dot time (8 heads, batch 1-64, q_len 1 and 4, 32k-128k), each at the
-#: launcher's split count; fp8's took 1.10-1.15x (Triton no longer stages its fp8 tile
-#: through shared memory). The bf16 register counts in VARIANT_REGS bound both forms (aot,
-#: Triton 3.9).
+#: 0.84-0.96x its one-dot time (8 heads, batch 1-64, q_len 1 and 4, 32k-128k), each form at
+#: its best split count of the probe's ladder; fp8's took 1.10-1.15x (its compile's shared
+#: memory falls from 88,064 to 38,912 B: by that number the tile is no longer staged there).
+#: The bf16 register counts in VARIANT_REGS bound both forms (aot, Triton 3.9).
 D_SPLIT = {False: True, True: False}
 #: 32-row tiles: one latent tile feeds twice the rows of a program (fewer, larger dots).
 #: In the H200 tile probe (benchmarks/results/mla_tile_probe_h200.md), rows per request
