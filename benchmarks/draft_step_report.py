@@ -658,7 +658,7 @@ def deep_markdown(d: dict) -> list[str]:
                 f"{', '.join(str(t) for t in n['request_s'])} s"
                 for n in d["noisy_rounds"]
             )  # fmt: skip
-            + ". The step is the median's: such a row says the host moved, not the code.",
+            + ". The code was the same in every round of a row; what moved is not measured.",
         ]
     spread = {n: v for k in leases for n, v in d[k].get("experts_spread_router", {}).items()}
     dummy = {v for k in leases for v in d[k].get("experts_dummy_router", {}).values()}

@@ -4,7 +4,7 @@ the GPU at small batches.
 Why: the 3D kernel runs (sequences x KV heads x 16 segments) programs. A K2.5 drafter at
 its TP-8 share has one KV head, so a single-stream draft pass is 16 programs each walking a
 sixteenth of the context: 0.49 ms of the drafter's 3 passes per step at 32k on the H200
-(profiled, 24-layer slice), ~10 % of the step. Here ``build`` gives such batches more
+(profiled, 24-layer slice), ~9 % of the step. Here ``build`` gives such batches more
 segments, as many as fill the SMs once (a power of two, at most MAX_SEGMENTS), laid out in
 the builder's own scratch (no new allocation): stock sizes it for ``seq_threshold_3D`` rows
 of 16 segments, and a small batch needs far fewer rows. The count depends only on the
