@@ -30,11 +30,13 @@ NCU_SECTIONS = (
     "MemoryWorkloadAnalysis",
 )
 
-VARIANTS = {  # (block_m, warps, block_n, stages, d_split): the launcher's own first, then D_SPLIT forms
+VARIANTS = {  # (block_m, warps, block_n, stages, d_split[, v_reload, fp8_bits]): the launcher's own first
     "bf16": [(16, 4, 32, 5, False), (16, 4, 32, 5, True), (16, 8, 64, 2, False), (16, 8, 64, 2, True),
              (16, 4, 32, 2, True), (16, 8, 32, 5, True), (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
-    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, True), (16, 8, 32, 5, True), (16, 4, 32, 5, True),
-            (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
+    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, False, True), (16, 8, 64, 2, False, True, True),
+            (16, 8, 32, 2, False, True), (16, 8, 32, 5, False, True), (16, 8, 32, 5, False, True, True),
+            (16, 4, 32, 5, False, True), (16, 4, 32, 5, False, True, True), (32, 8, 32, 2, False),
+            (32, 8, 32, 2, False, True)],
 }  # fmt: skip
 PROBES = (  # (batch, context, heads, q_len)
     (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1),
@@ -63,6 +65,12 @@ def main() -> int:
     p.add_argument("--out", help="raw JSON of the probe; the Markdown report is written beside it")
     p.add_argument("--ncu", metavar="TXT", help="run Nsight Compute on NCU_CASES, write its report here")
     p.add_argument("--ncu-cases", action="store_true", help="only launch NCU_CASES (what --ncu profiles)")
+    p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
+    p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
+    p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
+    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT,...]",
+                   help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
+                   "the launcher's own variant is always probed first")  # fmt: skip
     args = p.parse_args()
     if args.ncu:
         return ncu(args.ncu)
@@ -85,17 +93,28 @@ def main() -> int:
             torch.cuda.synchronize()
             print("case", batch, ctx, heads, ql, kv, launcher.plan(batch, heads, ql, ctx, 16, kv == "fp8", limits))
         return 0
+    probes = [tuple(int(x) for x in p.split(",")) for p in args.probes.split(";")] if args.probes else PROBES
+    variants_by_kv = dict(VARIANTS)
+    if args.variant:
+        variants_by_kv = {}
+        for text in args.variant:
+            kv, _, nums = text.partition(":")
+            v = [int(x) for x in nums.split(",")]
+            variants_by_kv.setdefault(kv, [VARIANTS[kv][0]]).append(tuple(v[:4]) + tuple(bool(x) for x in v[4:]))
     records = []
     t0 = time.time()
-    for batch, ctx, heads, ql in PROBES:
+    for batch, ctx, heads, ql in probes:
         q, bt, sl, _ = bench._case(torch, dev, g, n_pages, batch, ctx, heads, ql)
-        for kv, variants in VARIANTS.items():
+        for kv, variants in variants_by_kv.items():
+            if args.kv and kv not in args.kv:
+                continue
             fp8 = kv == "fp8"
             ks = k_scale if fp8 else None
             ref, _ = launcher.mla_decode(q, pools[kv], bt, sl, bench.SM_SCALE, q_len=ql, k_scale=ks)
             chosen = launcher.plan(batch, heads, ql, ctx, bench.PAGE, fp8, limits)
-            for bm, w, bn, st, ds in variants:
-                cfg = configs.SplitConfig(bench.PAGE, bm, bn, w, st, fp8, ds)
+            for variant in variants:
+                bm, w, bn, st = variant[:4]
+                cfg = configs.SplitConfig(bench.PAGE, bm, bn, w, st, fp8, *variant[4:])
                 is_pick = cfg == chosen.split
                 rb = configs.row_blocks(heads * ql, bm)
                 times, diff = {}, None
@@ -117,14 +136,14 @@ def main() -> int:
                         times[s] = repr(e)[:120]
                 num = {s: t for s, t in times.items() if isinstance(t, float)}
                 best = min(num, key=num.get) if num else None
-                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, variant=[bm, w, bn, st, ds],
+                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, variant=list(variant),
                            launcher_variant=is_pick, launcher_splits=chosen.num_splits if is_pick else None,
                            best_splits=best, best_us=num.get(best), max_rel_diff=diff, kernel_us=times)  # fmt: skip
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
-    for batch, ctx, heads, ql in PARTIAL_PROBES:
+    for batch, ctx, heads, ql in () if args.no_partials else PARTIAL_PROBES:
         q, bt, sl, _ = bench._case(torch, dev, g, n_pages, batch, ctx, heads, ql)
-        for kv in ("bf16", "fp8"):
+        for kv in args.kv or ("bf16", "fp8"):
             ks = k_scale if kv == "fp8" else None
             ref, _ = launcher.mla_decode(q, pools[kv], bt, sl, bench.SM_SCALE, q_len=ql, k_scale=ks)
             pick = launcher.plan(batch, heads, ql, ctx, bench.PAGE, kv == "fp8", limits).num_splits
@@ -164,7 +183,8 @@ def _triton_version() -> str:
 
 
 def _variant(v) -> str:
-    return "m{}/w{}/n{}/s{}".format(*v[:4]) + ("/d4" if v[4:] and v[4] else "")
+    flags = [name for name, on in zip(("d4", "vr", "fb"), v[4:], strict=False) if on]
+    return "/".join(["m{}/w{}/n{}/s{}".format(*v[:4]), *flags])
 
 
 def write_report(result: dict, path: str) -> None:
@@ -179,7 +199,8 @@ def write_report(result: dict, path: str) -> None:
           "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
           "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
           "count; < 1: faster), and its largest relative L2 difference from the launcher's output.", "",
-          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT) | launcher's | best splits | best µs | / launcher's "
+          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT, vr: V_RELOAD, fb: FP8_BITS) | launcher's | best splits "
+          "| best µs | / launcher's "
           "| rel. diff |",
           "|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
     tiles = [r for r in result["records"] if "variant" in r]
