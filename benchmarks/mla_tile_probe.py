@@ -30,13 +30,11 @@ NCU_SECTIONS = (
     "MemoryWorkloadAnalysis",
 )
 
-VARIANTS = {  # (block_m, warps, block_n, stages, d_split[, v_reload, fp8_bits]): the launcher's own first
+VARIANTS = {  # (block_m, warps, block_n, stages, d_split): the launcher's own first, then D_SPLIT forms
     "bf16": [(16, 4, 32, 5, False), (16, 4, 32, 5, True), (16, 8, 64, 2, False), (16, 8, 64, 2, True),
              (16, 4, 32, 2, True), (16, 8, 32, 5, True), (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
-    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, False, True), (16, 8, 64, 2, False, True, True),
-            (16, 8, 32, 2, False, True), (16, 8, 32, 5, False, True), (16, 8, 32, 5, False, True, True),
-            (16, 4, 32, 5, False, True), (16, 4, 32, 5, False, True, True), (32, 8, 32, 2, False),
-            (32, 8, 32, 2, False, True)],
+    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, True), (16, 8, 32, 5, True), (16, 4, 32, 5, True),
+            (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
 }  # fmt: skip
 PROBES = (  # (batch, context, heads, q_len)
     (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1),
@@ -68,7 +66,7 @@ def main() -> int:
     p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
     p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
     p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
-    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT,...]",
+    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT]",
                    help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
                    "the launcher's own variant is always probed first")  # fmt: skip
     args = p.parse_args()
@@ -76,6 +74,15 @@ def main() -> int:
         return ncu(args.ncu)
     if not args.ncu_cases and not args.out:
         p.error("--out, --ncu or --ncu-cases is required")
+    variants_by_kv = dict(VARIANTS)
+    if args.variant:
+        variants_by_kv = {}
+        for text in args.variant:
+            kv, _, nums = text.partition(":")
+            v = [int(x) for x in nums.split(",")]
+            if kv not in VARIANTS or len(v) not in (4, 5):
+                p.error(f"--variant {text!r}: expected bf16|fp8:M,W,N,S[,D_SPLIT]")
+            variants_by_kv.setdefault(kv, [VARIANTS[kv][0]]).append(tuple(v[:4]) + tuple(bool(x) for x in v[4:]))
     dev = torch.device("cuda")
     timer = bench.Timer(torch, reps=11)
     n_pages = -(-64 * 32768 // bench.PAGE)
@@ -94,13 +101,6 @@ def main() -> int:
             print("case", batch, ctx, heads, ql, kv, launcher.plan(batch, heads, ql, ctx, 16, kv == "fp8", limits))
         return 0
     probes = [tuple(int(x) for x in p.split(",")) for p in args.probes.split(";")] if args.probes else PROBES
-    variants_by_kv = dict(VARIANTS)
-    if args.variant:
-        variants_by_kv = {}
-        for text in args.variant:
-            kv, _, nums = text.partition(":")
-            v = [int(x) for x in nums.split(",")]
-            variants_by_kv.setdefault(kv, [VARIANTS[kv][0]]).append(tuple(v[:4]) + tuple(bool(x) for x in v[4:]))
     records = []
     t0 = time.time()
     for batch, ctx, heads, ql in probes:
@@ -183,7 +183,7 @@ def _triton_version() -> str:
 
 
 def _variant(v) -> str:
-    flags = [name for name, on in zip(("d4", "vr", "fb"), v[4:], strict=False) if on]
+    flags = [name for name, on in zip(("d4",), v[4:], strict=False) if on]
     return "/".join(["m{}/w{}/n{}/s{}".format(*v[:4]), *flags])
 
 
@@ -199,7 +199,7 @@ def write_report(result: dict, path: str) -> None:
           "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
           "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
           "count; < 1: faster), and its largest relative L2 difference from the launcher's output.", "",
-          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT, vr: V_RELOAD, fb: FP8_BITS) | launcher's | best splits "
+          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT) | launcher's | best splits "
           "| best µs | / launcher's "
           "| rel. diff |",
           "|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip

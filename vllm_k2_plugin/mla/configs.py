@@ -149,8 +149,6 @@ class SplitConfig:
     num_stages: int
     fp8: bool
     d_split: bool = False  # the kernel's D_SPLIT: four 128-column dots per tile instead of one 512-wide
-    v_reload: bool = False  # the kernel's V_RELOAD (fp8): one load of the tile per dot
-    fp8_bits: bool = False  # the kernel's FP8_BITS: e4m3 widened by shifts
 
 
 @dataclass(frozen=True)

@@ -43,14 +43,6 @@ NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def _e4m3_as_f16(x):
-    # e4m3 bits s.eeee.mmm placed as fp16 s.0eeee.mmm0000000: the same value times 2^-8
-    # (bias 7 vs 15), subnormals included; one shift-and-mask instead of a conversion
-    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-    return (((u & 0x7F) << 7) | ((u & 0x80) << 8)).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def mla_decode_split(
     Q,  # [tokens, heads, 576], last dim contiguous
     KV,  # [pages, PAGE, 576], last dim contiguous, any page / token stride
@@ -78,8 +70,6 @@ def mla_decode_split(
     IS_FP8: tl.constexpr,
     DIRECT: tl.constexpr,
     D_SPLIT: tl.constexpr = False,  # 512 columns as four 128-wide dots (shorter dependent MMA chains)
-    V_RELOAD: tl.constexpr = False,  # fp8: load the tile once per dot (each load pipelined)
-    FP8_BITS: tl.constexpr = False,  # fp8: widen by bit shifts (value * 2^-8 as fp16; the scale undoes 2^-8)
     DOT_F32: tl.constexpr = False,  # TRITON_INTERPRET only: its bf16 dot is wrong (3.6, 3.9)
 ):
     pid_m = tl.program_id(0)  # fastest: row blocks of one split run side by side (L2 reuse)
@@ -121,8 +111,6 @@ def mla_decode_split(
 
     if IS_FP8:
         k_scale = tl.load(K_SCALE)
-        if FP8_BITS:
-            k_scale = k_scale * 256.0
         score_scale = qk_scale_log2 * k_scale
     else:
         score_scale = qk_scale_log2
@@ -158,14 +146,8 @@ def mla_decode_split(
         else:
             k_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0)
             k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0)
-            if V_RELOAD:
-                v_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-            if FP8_BITS:
-                k_nope = _e4m3_as_f16(k_nope).to(dot_ty)
-                k_rope = _e4m3_as_f16(k_rope).to(dot_ty)
-            else:
-                k_nope = k_nope.to(dot_ty)
-                k_rope = k_rope.to(dot_ty)
+            k_nope = k_nope.to(dot_ty)
+            k_rope = k_rope.to(dot_ty)
             s = tl.dot(q_nope, tl.trans(k_nope))
             s = tl.dot(q_rope, tl.trans(k_rope), s)
         s = s * score_scale
@@ -183,11 +165,7 @@ def mla_decode_split(
             acc2 = acc2 * alpha[:, None] + tl.dot(p, k2)
             acc3 = acc3 * alpha[:, None] + tl.dot(p, k3)
         else:
-            if V_RELOAD:
-                v_nope = (_e4m3_as_f16(v_nope) if FP8_BITS else v_nope).to(dot_ty)
-                acc = acc * alpha[:, None] + tl.dot(p.to(dot_ty), v_nope)
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(dot_ty), k_nope)
+            acc = acc * alpha[:, None] + tl.dot(p.to(dot_ty), k_nope)
         m_i = m_new
 
     has = l_i > 0.0

@@ -215,8 +215,6 @@ def mla_decode(
         IS_FP8=fp8,
         DIRECT=direct,
         D_SPLIT=cfg.d_split,
-        V_RELOAD=cfg.v_reload,
-        FP8_BITS=cfg.fp8_bits,
         DOT_F32=interpreting() and q.dtype != torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
