@@ -14,18 +14,21 @@ from .conftest import SMALL_ENGINE, engine_env, run_engine_job
 
 
 def simulate(
-    guard: SpecGuard, acceptance, step_ms, steps: int = 600, batch: int = 1, seed: int = 0, first_at_new_k=1.0
-):
+    guard: SpecGuard, acceptance, step_ms, steps: int = 600, batch: int = 1, seed: int = 0, first_at_new_k=1.0,
+    ks: list | None = None,
+):  # fmt: skip
     """Tokens per ms over ``steps`` decode steps of one request each; draft position i is
     accepted with probability acceptance[i] (a float: the same for all) once the earlier
     ones were; step_ms(k) the step cost, times ``first_at_new_k`` for a step whose k differs
-    from the previous step's."""
+    from the previous step's. ``ks`` collects each step's k."""
     rng = random.Random(seed)
     probs = acceptance if isinstance(acceptance, list) else [acceptance] * guard.max_k
     tokens = ms = 0.0
     prev_k = None
     for _ in range(steps):
         k = guard.k_for(batch)
+        if ks is not None:
+            ks.append(k)
         slow = first_at_new_k if prev_k is not None and k != prev_k else 1.0
         prev_k = k
         accepted = 0
@@ -48,6 +51,18 @@ def test_turns_speculation_off_when_nothing_is_accepted():
     assert rate >= 0.97 * (1 / 10)  # the probes cost little
     fixed = simulate(SpecGuard(3, probe_every=10**9, warmup=10**9), 0.0, lambda k: 10 + 1.2 * k)
     assert fixed < 0.75 * (1 / 10)  # what speculating anyway costs
+
+
+def test_off_probes_draft_one_token_while_position_one_is_never_accepted():
+    # the CPU engine in a server, random-weight drafter: k=0 29.0 ms, k=3 43.6 ms (medians)
+    ks: list[int] = []
+    guard = SpecGuard(3)
+    rate = simulate(guard, 0.0, lambda k: 29.0 * (1 + 0.167 * k), steps=1150, ks=ks)
+    assert [(d.old_k, d.new_k) for d in guard.decisions] == [(3, 0)]
+    off_at = ks.index(0, guard.warmup + guard.probe_len)  # the first step after the decision
+    assert off_at <= guard.warmup + guard.probe_len + guard.fast_patience + 2  # a wide gap: the fast patience
+    assert set(ks[off_at:]) == {0, 1}  # probes of one draft, never full k again
+    assert rate >= 0.98 / 29.0
 
 
 def test_a_slow_first_step_of_a_probe_does_not_hide_a_cheaper_k():

@@ -7,12 +7,15 @@ per draft position (shared by all buckets: acceptance depends on the text, not o
 tokens per request-step at k are 1 + sum of the first k positions' acceptance rates
 (a position counts as accepted only when every earlier one was), so the throughput at k
 is that over the step time. The guard moves to the best k only when it beats the current
-one by ``margin`` at ``patience`` consecutive steps (hysteresis). A k whose step time was never measured is costed by
-linear interpolation between measured ones; short probes (``probe_len`` steps, the first
-after ``warmup`` steps, then at doubling intervals from 32 up to ``probe_every``) keep the
-estimates of the k not in use fresh: at full k, k = 0 for its step time (rarely: it
-forgoes accepted tokens); below full k, full k for the acceptance of the positions not
-drafted (at most ``probe_every_off`` steps apart).
+one by ``margin`` at ``patience`` consecutive steps (hysteresis), or at ``fast_patience``
+steps when it beats it by ``fast_margin`` (a gap that wide cannot flap). A k whose step time
+was never measured is costed by linear interpolation between measured ones; short probes
+(``probe_len`` steps, the first after ``warmup`` steps, then at doubling intervals from 32
+up to ``probe_every``) keep the estimates of the k not in use fresh: at full k, k = 0 for
+its step time (rarely: it forgoes accepted tokens); below full k, full k for the
+acceptance of the positions not drafted (at most ``probe_every_off`` steps apart), or
+only k = 1 while even an optimistic bound says no k can pay: position i is never accepted
+more often than position 1, so k drafts give at most 1 + k * (position 1's rate) tokens.
 
 Pure Python, no vLLM: the scheduler patch feeds it and reads its table.
 """
@@ -62,6 +65,8 @@ class SpecGuard:
         probe_every_off: int = 128,
         probe_len: int = 3,
         warmup: int = 8,
+        fast_margin: float = 0.25,
+        fast_patience: int = 3,
     ):
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
@@ -69,6 +74,7 @@ class SpecGuard:
         self.margin, self.cost_window, self.patience = margin, cost_window, patience
         self.probe_every, self.probe_len, self.warmup = probe_every, probe_len, warmup
         self.probe_every_off = probe_every_off
+        self.fast_margin, self.fast_patience = fast_margin, fast_patience
         #: (drafted, accepted) per position of the last ``window`` steps that drafted
         self._accept: deque[tuple[list[int], list[int]]] = deque(maxlen=window)
         self._buckets: dict[int, _Bucket] = {}
@@ -92,7 +98,7 @@ class SpecGuard:
         if b.steps >= b.next_probe:
             # at full k, probe k = 0 (its step time); below it, probe full k (the acceptance
             # of the positions not drafted). Probing k = 0 forgoes accepted tokens: rarer.
-            b.probe_k = 0 if b.k == self.max_k else self.max_k
+            b.probe_k = 0 if b.k == self.max_k else self._probe_below_full_k(b)
             b.probe_left = self.probe_len
             cap = self.probe_every if b.probe_k == 0 else self.probe_every_off
             b.interval = min(cap, max(32, 2 * b.interval))
@@ -132,13 +138,31 @@ class SpecGuard:
             return None
         return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
 
-    def _decide(self, bucket: int, b: _Bucket) -> Decision | None:
-        rate = {}
+    def _rates(self, b: _Bucket, tokens) -> dict[int, float]:
+        """Tokens per ms by k (``tokens(k)`` per request-step) where a step cost is known."""
         measured = {k: median(v) for k, v in b.samples.items()}
+        rate = {}
         for k in range(self.max_k + 1):
             cost = self._cost(measured, k)
             if cost is not None and cost > 0:
-                rate[k] = self.expected_tokens(k) / cost
+                rate[k] = tokens(k) / cost
+        return rate
+
+    def _probe_below_full_k(self, b: _Bucket) -> int:
+        """Full k, unless position 1's acceptance bounds every k below the current one's
+        rate (then k = 1: the cheapest probe that refreshes that bound)."""
+        drafted = sum(d[0] for d, _ in self._accept if d)
+        if self.max_k == 1 or not drafted:
+            return self.max_k
+        first = self.acceptance()[0]
+        bound = self._rates(b, lambda k: 1.0 + k * first)
+        current = self._rates(b, self.expected_tokens).get(b.k)
+        if current is None or any(r > (1 + self.margin) * current for k, r in bound.items() if k != b.k):
+            return self.max_k
+        return 1
+
+    def _decide(self, bucket: int, b: _Bucket) -> Decision | None:
+        rate = self._rates(b, self.expected_tokens)
         if b.k not in rate or not rate:
             return None
         best = max(rate, key=lambda k: (rate[k], -k))
@@ -147,7 +171,8 @@ class SpecGuard:
             return None
         b.streak = b.streak + 1 if b.candidate == best else 1
         b.candidate = best
-        if b.streak < self.patience:
+        needed = self.fast_patience if rate[best] > (1 + self.fast_margin) * rate[b.k] else self.patience
+        if b.streak < needed:
             return None
         decision = Decision(bucket, b.k, best, rate)
         b.k, b.candidate, b.streak = best, None, 0
