@@ -9,6 +9,10 @@ behaves the same in the engine.
     h_pre  = mlp(post_attention_layernorm(r)) + r               # fed back as the next step's g
     logits = lm_head(norm(h_pre))                               # over the draft vocabulary
 
+With ``num_hidden_layers`` > 1, layers 1.. are plain pre-norm Llama layers over h_pre
+(vLLM's later EAGLE-3 layers: hidden-size qkv input, no embedding), each with its own
+attention cache; h_pre is the last layer's output.
+
 Parameter names are the legacy EAGLE-3 checkpoint names (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``), so export is a rename-free save. The target's embedding and LM head are
 frozen buffers: they are never exported (vLLM shares the target's embedding), and the
@@ -38,8 +42,11 @@ class DraftConfig:
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 4096
     norm_before_residual: bool = False
+    num_hidden_layers: int = 1
 
     def __post_init__(self):
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"DraftConfig.num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
         if not self.aux_layer_ids:
             raise ValueError("DraftConfig.aux_layer_ids: the target layers the drafter reads must be explicit")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -97,17 +104,17 @@ class DraftAttention(nn.Module):
     in every earlier step (what the draft's KV cache holds at inference when the chain
     so far was accepted). Written out because the mask is not a plain causal one."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, in_size: int):
         super().__init__()
         self.cfg = cfg
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(2 * h, cfg.num_attention_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, cfg.num_key_value_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, cfg.num_key_value_heads * d, bias=False)
+        self.q_proj = nn.Linear(in_size, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(in_size, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(in_size, cfg.num_key_value_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
 
     def forward(self, x, cos, sin, cache: list[tuple[torch.Tensor, torch.Tensor]]):
-        """x [B,T,2H]; cos/sin for this step's positions; cache: (k, v) of earlier steps,
+        """x [B,T,in_size]; cos/sin for this step's positions; cache: (k, v) of earlier steps,
         appended to. Returns [B,T,H]."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -242,21 +249,29 @@ class _TTTAttention(torch.autograd.Function):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    """Layer 0 (``first``): attention over [embedding | hidden]; later layers: over the
+    previous layer's output, as a plain pre-norm Llama layer."""
+
+    def __init__(self, cfg: DraftConfig, first: bool = True):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+        self.first = first
         self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if first:
+            self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
+        self.self_attn = DraftAttention(cfg, (2 if first else 1) * cfg.hidden_size)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, embeds, hidden, cos, sin, cache):
-        normed = self.hidden_norm(hidden)
-        residual = normed if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        if self.first:
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        else:
+            residual, x = hidden, self.input_layernorm(hidden)
         r = self.self_attn(x, cos, sin, cache) + residual
         return self.mlp(self.post_attention_layernorm(r)) + r
 
@@ -276,6 +291,8 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not match the draft config")
         self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = DraftLayer(cfg)
+        # later layers keep vLLM's checkpoint names, layers.1 ... (layer 0 is midlayer)
+        self.layers = nn.ModuleDict({str(i): DraftLayer(cfg, first=False) for i in range(1, cfg.num_hidden_layers)})
         self.norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(config=cfg.llama_config())
@@ -298,11 +315,19 @@ class Eagle3Draft(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{source}: does not match the draft (missing {missing}, unexpected {unexpected})")
 
+    def new_cache(self) -> list[list]:
+        """The attention caches of a TTT unroll: one list of (k, v) per layer."""
+        return [[] for _ in range(self.cfg.num_hidden_layers)]
+
     def step(self, tokens, hidden, positions, cache):
-        """One draft step over all positions: returns the pre-norm output [B,T,H]."""
+        """One draft step over all positions: returns the pre-norm output [B,T,H].
+        ``cache``: ``new_cache()``, appended to."""
         embeds = nn.functional.embedding(tokens, self.embed_tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)
-        return self.midlayer(embeds, hidden, cos, sin, cache)
+        h = self.midlayer(embeds, hidden, cos, sin, cache[0])
+        for i, layer in enumerate(self.layers.values(), start=1):
+            h = layer(None, h, cos, sin, cache[i])
+        return h
 
     def forward(self, batch, verifier_w: torch.Tensor, steps: int, decay: float = 0.8):
         """The training objective (so DDP's wrapper sees the whole step): see ttt.ttt_loss."""

@@ -28,7 +28,7 @@ def llama_layer_config(cfg: DraftConfig, dtype: str) -> dict:
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
@@ -162,6 +162,7 @@ def draft_config_from_export(export_dir: str) -> DraftConfig:
         rope_theta=layer.get("rope_theta", 1e6),
         max_position_embeddings=layer.get("max_position_embeddings", 4096),
         norm_before_residual=cfg.get("norm_before_residual", False),
+        num_hidden_layers=layer.get("num_hidden_layers", 1),
     )
 
 

@@ -148,7 +148,7 @@ def unroll(model, batch: Batch, steps: int):
     """Yield (k, h_pre_k, target_final_k, mask_k) for the TTT steps (tokens teacher-forced)."""
     b, t = batch.input_ids.shape
     hidden = model.fc(batch.aux)
-    cache: list = []
+    cache = model.new_cache()
     base = torch.arange(t, device=batch.input_ids.device).unsqueeze(0).expand(b, t)
     for k in range(steps):
         tokens = shift(batch.input_ids, 1 + k)
