@@ -63,6 +63,8 @@ def main() -> int:
     p.add_argument("--out", help="raw JSON of the probe; the Markdown report is written beside it")
     p.add_argument("--ncu", metavar="TXT", help="run Nsight Compute on NCU_CASES, write its report here")
     p.add_argument("--ncu-cases", action="store_true", help="only launch NCU_CASES (what --ncu profiles)")
+    p.add_argument("--ncu-stalls", action="store_true",
+                   help="with --ncu: stall reasons, issue activity, resident warps (not its sections)")  # fmt: skip
     p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
     p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
     p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
@@ -71,7 +73,7 @@ def main() -> int:
                    "the launcher's own variant is always probed first")  # fmt: skip
     args = p.parse_args()
     if args.ncu:
-        return ncu(args.ncu)
+        return ncu(args.ncu, args.ncu_stalls)
     if not args.ncu_cases and not args.out:
         p.error("--out, --ncu or --ncu-cases is required")
     variants_by_kv = dict(VARIANTS)
@@ -240,16 +242,27 @@ def _same_probe(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("batch", "context", "heads", "q_len", "kv"))
 
 
-def ncu(path: str) -> int:
-    """Nsight Compute over NCU_CASES (one split-kernel launch each); its text report is
-    written atomically under a header with the command and date."""
+NCU_STALL_METRICS = (
+    r"regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct",  # share of a warp's cycles, by stall reason
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "sm__warps_active.avg.per_cycle_active",
+    "smsp__inst_executed.sum",
+    "dram__bytes_read.sum",
+    "gpu__time_duration.sum",
+)
+
+
+def ncu(path: str, stalls: bool = False) -> int:
+    """Nsight Compute over NCU_CASES (one split-kernel launch each): NCU_SECTIONS, or with
+    ``stalls`` NCU_STALL_METRICS; its text report is written atomically under a header
+    with the command and date."""
     from vllm_k2_plugin.fileio import write_text
 
     exe = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not os.path.exists(exe):
         raise SystemExit(f"--ncu: Nsight Compute ('ncu') not found on PATH or at {exe}")
     cmd = [exe, "--clock-control", "none", "-k", "regex:mla_decode_split", "--launch-skip", "0"]
-    cmd += [a for s in NCU_SECTIONS for a in ("--section", s)]
+    cmd += ["--metrics", ",".join(NCU_STALL_METRICS)] if stalls else [a for s in NCU_SECTIONS for a in ("--section", s)]
     cmd += [sys.executable, os.path.abspath(__file__), "--ncu-cases"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
