@@ -96,6 +96,23 @@ def test_a_shard_larger_than_the_budget_is_an_error(tmp_path):
         b.make_room(101)
 
 
+@pytest.mark.vllm_independent
+def test_training_restart_deletes_shards_recorded_released_but_left_on_disk(text_model, tmp_path):
+    """A training killed between recording a release and deleting the files: the restart
+    deletes them (they count against the budget and are never free again: a deadlock)."""
+    from vllm_k2_plugin import fileio
+    from vllm_k2_plugin.train.shards import ShardReader
+    from vllm_k2_plugin.train.stream import StreamFeed
+
+    d = _synthetic_shards(str(tmp_path / "spool"), text_model, n=12, per_shard=4)
+    files = [e["file"] for e in shards.load_manifest(d)["shards"]]
+    fileio.write_json(os.path.join(d, spool.RELEASED), {"files": files[:2]})  # recorded, not yet deleted
+    before = spool.usage_bytes(d)
+    StreamFeed(ShardReader(d), None, 0.05, rank=0, world=1)
+    assert not any(os.path.exists(os.path.join(d, f)) for f in files[:2])
+    assert os.path.exists(os.path.join(d, files[2])) and spool.usage_bytes(d) < before
+
+
 STREAM_BASE = 'work_dir = "w"\n[target]\nmodel = "m"\n[prepare]\ndata = ["a.jsonl"]\n'
 
 

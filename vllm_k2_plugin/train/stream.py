@@ -23,6 +23,8 @@ class StreamFeed:
     def __init__(self, reader: ShardReader, order: SampleOrder, poll_s: float, rank: int, world: int, log=print):
         self.reader, self.order, self.poll_s = reader, order, poll_s
         self.rank, self.world, self.log = rank, world, log
+        if rank == 0:  # a training killed between recording a release and deleting its files
+            spool.finish(reader.dir)  # left them counted against the budget, yet never free again
 
     def _refresh(self) -> None:
         self.reader.refresh()
