@@ -66,8 +66,19 @@ def test_each_layer_attends_over_its_own_earlier_steps():
     model.step(tokens, h1, pos + 1, cache)
     assert [len(c) for c in cache] == [2, 2]
     k0_layer0, k0_layer1 = cache[0][0][0], cache[1][0][0]
-    assert not torch.equal(k0_layer0, k0_layer1)  # layer 1 keys come from layer 0's output
+    assert not torch.equal(k0_layer0, k0_layer1)
     assert cache[1][0][0].shape == cache[0][0][0].shape
+    # layer 1's step-0 keys are its own projection of layer 0's step-0 output
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    with torch.no_grad():
+        embeds = torch.nn.functional.embedding(tokens, model.embed_tokens)
+        cos, sin = model.rotary(hidden, pos)
+        h0 = model.midlayer(embeds, hidden, cos, sin, [])
+        layer = model.layers["1"]
+        k = layer.self_attn.k_proj(layer.input_layernorm(h0)).view(1, 5, 2, 16).transpose(1, 2)
+        _, k = apply_rotary_pos_emb(k, k, cos, sin)
+    torch.testing.assert_close(k0_layer1, k.repeat_interleave(2, dim=1))
 
 
 @pytest.mark.parametrize("layout", ["speculators", "legacy"])
