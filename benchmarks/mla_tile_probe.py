@@ -4,7 +4,9 @@ partials), on the H200, kernel-only µs (profiler, L2 flushed),
 each at a ladder of split counts; the best count is reported per variant. Every
 variant's output is compared with the launcher's own (relative L2 difference).
 ``--ncu`` runs Nsight Compute on the launcher's choice at NCU_CASES (occupancy, stall
-reasons, DRAM throughput). Each writes its raw output and a Markdown report itself.
+reasons, DRAM throughput); ``--ncu-source DIR`` samples warp stalls per SASS instruction of
+each case and ranks instructions and opcodes by where warps wait. Each writes its raw output
+and a Markdown report itself.
 
     python3 benchmarks/mla_tile_probe.py --out benchmarks/results/mla_tile_probe_h200_dsplit.json
     python3 benchmarks/mla_tile_probe.py --ncu benchmarks/results/mla_tile_probe_h200_ncu.txt
@@ -65,13 +67,17 @@ def main() -> int:
     p.add_argument("--ncu-cases", action="store_true", help="only launch NCU_CASES (what --ncu profiles)")
     p.add_argument("--ncu-stalls", action="store_true",
                    help="with --ncu: stall reasons, issue activity, resident warps (not its sections)")  # fmt: skip
+    p.add_argument("--ncu-source", metavar="DIR",
+                   help="per NCU_CASES case: SASS with warp-stall samples (CSV) and a ranking (source.md)")  # fmt: skip
     p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
     p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
     p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
-    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT]",
+    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT[,PREFETCH[,CVT_ASM]]]",
                    help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
                    "the launcher's own variant is always probed first")  # fmt: skip
     args = p.parse_args()
+    if args.ncu_source:
+        return ncu_source(args.ncu_source)
     if args.ncu:
         return ncu(args.ncu, args.ncu_stalls)
     if not args.ncu_cases and not args.out:
@@ -82,7 +88,7 @@ def main() -> int:
         for text in args.variant:
             kv, _, nums = text.partition(":")
             v = [int(x) for x in nums.split(",")]
-            if kv not in VARIANTS or len(v) not in (4, 5):
+            if kv not in VARIANTS or not 4 <= len(v) <= 7:
                 p.error(f"--variant {text!r}: expected bf16|fp8:M,W,N,S[,D_SPLIT]")
             variants_by_kv.setdefault(kv, [VARIANTS[kv][0]]).append(tuple(v[:4]) + tuple(bool(x) for x in v[4:]))
     dev = torch.device("cuda")
@@ -185,7 +191,7 @@ def _triton_version() -> str:
 
 
 def _variant(v) -> str:
-    flags = [name for name, on in zip(("d4",), v[4:], strict=False) if on]
+    flags = [name for name, on in zip(("d4", "pf", "ca"), v[4:], strict=False) if on]
     return "/".join(["m{}/w{}/n{}/s{}".format(*v[:4]), *flags])
 
 
@@ -201,7 +207,7 @@ def write_report(result: dict, path: str) -> None:
           "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
           "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
           "count; < 1: faster), and its largest relative L2 difference from the launcher's output.", "",
-          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT) | launcher's | best splits "
+          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT, pf: PREFETCH, ca: CVT_ASM) | launcher's | best splits "
           "| best µs | / launcher's "
           "| rel. diff |",
           "|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -270,6 +276,107 @@ def ncu(path: str, stalls: bool = False) -> int:
     header = f"# Command: {_command()}\n# Runs: {shlex.join(cmd)}\n# Date: {_now()}\n\n"
     write_text(path, header + run.stdout)
     return 0
+
+
+def ncu_source(out_dir: str) -> int:
+    """Warp-stall samples per SASS instruction of the split kernel, one NCU_CASES case per
+    profile (``--launch-skip i``): each case's SASS CSV as ncu prints it, and ``source.md``
+    ranking instructions and opcodes by their share of the case's stall samples."""
+    import csv
+    import io
+
+    from vllm_k2_plugin.fileio import write_text
+
+    exe = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not os.path.exists(exe):
+        raise SystemExit(f"--ncu-source: Nsight Compute ('ncu') not found on PATH or at {exe}")
+    os.makedirs(out_dir, exist_ok=True)
+    lines = ["# Warp-stall samples per SASS instruction of `mla_decode_split`", "", f"Command: `{_command()}`",
+             f"Date: {_now()}", ""]  # fmt: skip
+    for i, case in enumerate(NCU_CASES):
+        rep = os.path.join(out_dir, f"case{i}")
+        prof = [exe, "--clock-control", "none", "-k", "regex:mla_decode_split", "--launch-skip", str(i),
+                "--launch-count", "1", "--section", "SourceCounters",
+                "--section", "WarpStateStats",
+                "-f", "-o", rep, sys.executable, os.path.abspath(__file__), "--ncu-cases"]  # fmt: skip
+        run = subprocess.run(prof, capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(
+                f"--ncu-source: {shlex.join(prof)} exited {run.returncode}:\n{run.stdout[-4000:]}{run.stderr[-4000:]}"
+            )
+        show = [exe, "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"]
+        run = subprocess.run(show, capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(
+                f"--ncu-source: {shlex.join(show)} exited {run.returncode}:\n{run.stdout[-4000:]}{run.stderr[-4000:]}"
+            )
+        os.remove(rep + ".ncu-rep")
+        write_text(os.path.join(out_dir, f"case{i}_sass.csv"), run.stdout)
+        rows = list(csv.DictReader(io.StringIO(run.stdout[run.stdout.find('"Address"') :])))
+        lines += [f"## case {i}: batch, context, heads, q_len, KV = {case}", ""]
+        lines += _rank_stalls(rows)
+    write_text(os.path.join(out_dir, "source.md"), "\n".join(lines) + "\n")
+    return 0
+
+
+def _rank_stalls(rows: list[dict]) -> list[str]:
+    """Stall samples by region (before, inside, after the KV loop: the most executed
+    backward branch), by opcode inside the loop with its top stall reasons, and the top
+    instructions; columns are found by name (ncu versions differ in the rest)."""
+    if not rows:
+        return ["(ncu printed no SASS rows)", ""]
+    cols = [c for c in rows[0] if c]  # each line ends in a comma: one unnamed column
+    samples = next((c for c in cols if c.startswith("Warp Stall Sampling (All")), None)
+    if samples is None:
+        return [f"(no 'Warp Stall Sampling (All ...)' column; columns: {cols})", ""]
+    reasons = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
+
+    def num(v: str | None) -> float:
+        try:
+            return float((v or "").replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    def opcode(r: dict) -> str:
+        words = r.get("Source", "").split()
+        words = words[1:] if words and words[0].startswith("@") else words  # predicated
+        return words[0].split(".")[0] if words else "?"
+
+    def top_reasons(rs: list[dict], n: int = 3) -> str:
+        by = {c[len("stall_") :]: sum(num(r.get(c)) for r in rs) for c in reasons}
+        return ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:n] if v)
+
+    total = sum(num(r[samples]) for r in rows) or 1.0
+    addr = [int(r.get("Address", "0"), 16) for r in rows]
+    back = [(num(r.get("Instructions Executed")), i) for i, r in enumerate(rows)
+            if opcode(r) == "BRA" and r["Source"].split()[-1].startswith("0x")
+            and int(r["Source"].split()[-1], 16) < addr[i]]  # fmt: skip
+    out = [f"{len(rows)} SASS instructions, {total:.0f} stall samples", ""]
+    if back:
+        end = max(back)[1]
+        start = addr.index(int(rows[end]["Source"].split()[-1], 16))
+        regions = (("before the loop", rows[:start]), ("KV loop", rows[start : end + 1]), ("after", rows[end + 1 :]))
+        out += ["| region | instructions | share | top stall reasons (samples) |", "|---|---:|---:|---|"]
+        out += [f"| {name} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
+                for name, rs in regions]  # fmt: skip
+        ops: dict[str, list[dict]] = {}
+        for r in regions[1][1]:
+            ops.setdefault(opcode(r), []).append(r)
+        ranked = sorted(ops.items(), key=lambda kv: -sum(num(r[samples]) for r in kv[1]))[:12]
+        out += [
+            "",
+            "KV loop by opcode:",
+            "",
+            "| opcode | in loop | share of all | top stall reasons |",
+            "|---|---:|---:|---|",
+        ]
+        out += [f"| {op} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
+                for op, rs in ranked]  # fmt: skip
+    out += ["", "| address | instruction | share | top stall reasons |", "|---|---|---:|---|"]
+    for r in sorted(rows, key=lambda r: -num(r[samples]))[:20]:
+        out.append(f"| {r.get('Address', '')} | `{r.get('Source', '').strip()}` | {num(r[samples]) / total:.1%} "
+                   f"| {top_reasons([r], 2)} |")  # fmt: skip
+    return out + [""]
 
 
 if __name__ == "__main__":
