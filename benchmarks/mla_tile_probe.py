@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
     p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
     p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
-    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT[,PREFETCH[,CVT_ASM]]]",
+    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT]",
                    help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
                    "the launcher's own variant is always probed first")  # fmt: skip
     args = p.parse_args()
@@ -88,7 +88,7 @@ def main() -> int:
         for text in args.variant:
             kv, _, nums = text.partition(":")
             v = [int(x) for x in nums.split(",")]
-            if kv not in VARIANTS or not 4 <= len(v) <= 7:
+            if kv not in VARIANTS or len(v) not in (4, 5):
                 p.error(f"--variant {text!r}: expected bf16|fp8:M,W,N,S[,D_SPLIT]")
             variants_by_kv.setdefault(kv, [VARIANTS[kv][0]]).append(tuple(v[:4]) + tuple(bool(x) for x in v[4:]))
     dev = torch.device("cuda")
@@ -191,6 +191,7 @@ def _triton_version() -> str:
 
 
 def _variant(v) -> str:
+    # pf / ca: the PREFETCH and CVT_ASM switches of commit c95ace6 (its committed probe results)
     flags = [name for name, on in zip(("d4", "pf", "ca"), v[4:], strict=False) if on]
     return "/".join(["m{}/w{}/n{}/s{}".format(*v[:4]), *flags])
 

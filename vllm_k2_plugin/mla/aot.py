@@ -92,8 +92,6 @@ def _split_source(cfg: configs.SplitConfig, q_dtype: str, direct: bool):
         "IS_FP8": cfg.fp8,
         "DIRECT": direct,
         "D_SPLIT": cfg.d_split,
-        "PREFETCH": cfg.prefetch,
-        "CVT_ASM": cfg.cvt_asm,
         "DOT_F32": False,  # interpreter-only switch; compiled kernels use native dots
     }
     sig.update({k: "constexpr" for k in consts})

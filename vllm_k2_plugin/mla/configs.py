@@ -149,8 +149,6 @@ class SplitConfig:
     num_stages: int
     fp8: bool
     d_split: bool = False  # the kernel's D_SPLIT: four 128-column dots per tile instead of one 512-wide
-    prefetch: bool = False  # the kernel's PREFETCH: the next tile loaded into registers during this one
-    cvt_asm: bool = False  # the kernel's CVT_ASM (fp8): widened in registers before the dots see the tile
 
 
 @dataclass(frozen=True)

@@ -43,30 +43,6 @@ NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def _e4m3_to_f16(x):
-    # cvt.rn.f16x2.e4m3x2 (sm_89+) on bytes Triton sees as opaque: the tile is widened in
-    # registers, so the dots read 16-bit operands from shared memory (no byte-wise reads of
-    # the transposed V operand)
-    return tl.inline_asm_elementwise(
-        asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        constraints="=r,=r,r",
-        args=[x.to(tl.uint8, bitcast=True)],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _kv_tile_ptrs(KV, bt_row, n0, end, stride_kv_page, stride_kv_tok, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < end
-    page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-    kv_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_tok
-    return KV + kv_off[:, None], n_ok
-
-
-@triton.jit
 def mla_decode_split(
     Q,  # [tokens, heads, 576], last dim contiguous
     KV,  # [pages, PAGE, 576], last dim contiguous, any page / token stride
@@ -94,8 +70,6 @@ def mla_decode_split(
     IS_FP8: tl.constexpr,
     DIRECT: tl.constexpr,
     D_SPLIT: tl.constexpr = False,  # 512 columns as four 128-wide dots (shorter dependent MMA chains)
-    PREFETCH: tl.constexpr = False,  # one-dot form: tile n+1 is loaded into registers while tile n computes
-    CVT_ASM: tl.constexpr = False,  # fp8 one-dot form: widen with _e4m3_to_f16 (not on the interpreter)
     DOT_F32: tl.constexpr = False,  # TRITON_INTERPRET only: its bf16 dot is wrong (3.6, 3.9)
 ):
     pid_m = tl.program_id(0)  # fastest: row blocks of one split run side by side (L2 reuse)
@@ -152,18 +126,12 @@ def mla_decode_split(
         acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
 
     bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
-    tl.static_assert(not (PREFETCH and D_SPLIT), "PREFETCH is a switch of the one-dot form")
-    if PREFETCH:
-        first_ptr, first_ok = _kv_tile_ptrs(KV, bt_row, start, end, stride_kv_page, stride_kv_tok, PAGE, BLOCK_N)
-        nxt_nope = tl.load(first_ptr + offs_d[None, :], mask=first_ok[:, None], other=0.0)
-        nxt_rope = tl.load(first_ptr + D_NOPE + offs_r[None, :], mask=first_ok[:, None], other=0.0)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        if not PREFETCH:
-            page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-            kv_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_tok
-            kv_ptr = KV + kv_off[:, None]
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        kv_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_tok
+        kv_ptr = KV + kv_off[:, None]
         if D_SPLIT:
             k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
             k0 = tl.load(kv_ptr + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dot_ty)
@@ -176,23 +144,10 @@ def mla_decode_split(
             )
             s += tl.dot(q_rope, tl.trans(k_rope))
         else:
-            if PREFETCH:
-                k_nope = nxt_nope
-                k_rope = nxt_rope
-                nxt_ptr, nxt_ok = _kv_tile_ptrs(
-                    KV, bt_row, n0 + BLOCK_N, end, stride_kv_page, stride_kv_tok, PAGE, BLOCK_N
-                )
-                nxt_nope = tl.load(nxt_ptr + offs_d[None, :], mask=nxt_ok[:, None], other=0.0)
-                nxt_rope = tl.load(nxt_ptr + D_NOPE + offs_r[None, :], mask=nxt_ok[:, None], other=0.0)
-            else:
-                k_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-                k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0)
-            if CVT_ASM:
-                k_nope = _e4m3_to_f16(k_nope)
-                k_rope = _e4m3_to_f16(k_rope)
-            else:
-                k_nope = k_nope.to(dot_ty)
-                k_rope = k_rope.to(dot_ty)
+            k_nope = tl.load(kv_ptr + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            k_rope = tl.load(kv_ptr + D_NOPE + offs_r[None, :], mask=n_ok[:, None], other=0.0)
+            k_nope = k_nope.to(dot_ty)
+            k_rope = k_rope.to(dot_ty)
             s = tl.dot(q_nope, tl.trans(k_nope))
             s = tl.dot(q_rope, tl.trans(k_rope), s)
         s = s * score_scale

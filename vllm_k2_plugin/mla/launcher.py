@@ -215,8 +215,6 @@ def mla_decode(
         IS_FP8=fp8,
         DIRECT=direct,
         D_SPLIT=cfg.d_split,
-        PREFETCH=cfg.prefetch,
-        CVT_ASM=cfg.cvt_asm,
         DOT_F32=interpreting() and q.dtype != torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
