@@ -313,7 +313,10 @@ def ncu_source(out_dir: str) -> int:
             )
         os.remove(rep + ".ncu-rep")
         write_text(os.path.join(out_dir, f"case{i}_sass.csv"), run.stdout)
-        rows = list(csv.DictReader(io.StringIO(run.stdout[run.stdout.find('"Address"') :])))
+        header = run.stdout.find('"Address"')
+        if header < 0:
+            raise SystemExit(f'--ncu-source: case {i}: {shlex.join(show)} printed no SASS table (no "Address" header)')
+        rows = list(csv.DictReader(io.StringIO(run.stdout[header:])))
         lines += [f"## case {i}: batch, context, heads, q_len, KV = {case}", ""]
         lines += _rank_stalls(rows)
     write_text(os.path.join(out_dir, "source.md"), "\n".join(lines) + "\n")
