@@ -167,8 +167,9 @@ def main() -> int:
     result = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(sys.argv),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, checks=checks, rows=rows_out,
                   wall_s=time.time() - t0)  # fmt: skip
-    _write(args.out, json.dumps(result, indent=1))
-    write_report(result, args.out)
+    text = json.dumps(result, indent=1)
+    _write(args.out, text)
+    write_report(json.loads(text), args.out)  # the report reads what --report reads (string keys)
     print("wall", round(time.time() - t0, 1))
     return 0
 
