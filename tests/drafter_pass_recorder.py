@@ -1,7 +1,8 @@
 """Records, per model-runner step of a speculative engine, the step's k, its drafts, whether
 it was a pure decode step (and one token per request: nothing to verify), how many times the
-drafter's ``propose`` and the rejection sampler ran (one JSON line per step) to the file
-named by DRAFTER_PASS_RECORD.
+drafter's ``propose`` and the rejection sampler ran, and how many times the engine core
+asked the runner for drafts since the previous step (``take_draft_token_ids``: the previous
+step's drafts) (one JSON line per step) to the file named by DRAFTER_PASS_RECORD.
 Loaded through VLLM_K2_EXTRA_PATCH_MODULES=tests.drafter_pass_recorder."""
 
 import json
@@ -15,7 +16,14 @@ def _record(ctx):
     from vllm.v1.spec_decode import llm_base_proposer
     from vllm.v1.worker import gpu_model_runner
 
-    passes, rejections = [0], [0]
+    passes, rejections, takes = [0], [0], [0]
+
+    def wrap_take(original):
+        def take_draft_token_ids(self, *args, **kwargs):
+            takes[0] += 1
+            return original(self, *args, **kwargs)
+
+        return take_draft_token_ids
 
     def wrap_rejection(original):
         def forward(self, *args, **kwargs):
@@ -35,6 +43,7 @@ def _record(ctx):
         def sample_tokens(self, *args, **kwargs):
             state = self.execute_model_state
             passes[0] = rejections[0] = 0
+            takes_before, takes[0] = takes[0], 0
             result = original(self, *args, **kwargs)
             if state is not None and self.speculative_config is not None:
                 out = state[0]
@@ -45,7 +54,8 @@ def _record(ctx):
                 one_each = all(n == 1 for n in out.num_scheduled_tokens.values())  # nothing to verify
                 line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "one_token_each": one_each,
                         "drafts": sum(len(v) for v in spec.values()), "drafter_passes": passes[0],
-                        "rejection_sampler_calls": rejections[0]}  # fmt: skip
+                        "rejection_sampler_calls": rejections[0],
+                        "draft_requests_for_previous_step": takes_before}  # fmt: skip
                 with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
                     f.write(json.dumps(line) + "\n")
             return result
@@ -55,6 +65,7 @@ def _record(ctx):
     ctx.wrap(llm_base_proposer.SpecDecodeBaseProposer, "propose", wrap_propose)
     ctx.wrap(gpu_model_runner.GPUModelRunner, "sample_tokens", wrap_sample_tokens)
     ctx.wrap(rejection_sampler.RejectionSampler, "forward", wrap_rejection)
+    ctx.wrap(gpu_model_runner.GPUModelRunner, "take_draft_token_ids", wrap_take)
 
 
 REGISTRY.patch(

@@ -39,6 +39,9 @@ def test_writes_json_markdown_and_plots(bench):
         assert (out / name).stat().st_size > 0, name
     assert "| eagle3-k3 |" in (out / "bench_ab.md").read_text() and "| eagle3-k3 |" in stdout
     assert [m["name"] for m in result["config"]["modes"]] == ["baseline", "ngram-k3", "eagle3-k3"]
+    # the settings the servers ran with are part of the record
+    assert result["environment"]["VLLM_MLA_DISABLE"] == "1"
+    assert "VLLM_MLA_DISABLE=1" in (out / "bench_ab.md").read_text()
 
 
 def test_greedy_outputs_identical_across_modes(bench):

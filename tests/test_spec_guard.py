@@ -118,23 +118,26 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "impo
     [
         ("drafter_off", "propose_draft_token_ids", "_upstream_skips_drafter", "_wrap_propose"),
         ("zero_draft_sampling", "_sample", "_upstream_samples_plainly", "_wrap_sample"),
+        ("no_draft_rpc", "post_step", "_upstream_skips_rpc", "_wrap_post_step"),
     ],
 )
 def test_runner_patch_probe_sees_the_patched_behaviour(module, attr, probe, wrap):
-    """Each runner patch's upstream probe: False on stock vLLM, True once the runner does
-    what the patch does (its wrapper installed)."""
+    """Each runner or engine-core patch's upstream probe: False on stock vLLM, True once the
+    class does what the patch does (its wrapper installed)."""
     import importlib
 
+    from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     patch = importlib.import_module(f"vllm_k2_plugin.spec_guard.{module}")
+    owner = EngineCore if patch.MODULE == "vllm.v1.engine.core" else GPUModelRunner
     assert getattr(patch, probe)() is False
-    stock = getattr(GPUModelRunner, attr)
-    setattr(GPUModelRunner, attr, getattr(patch, wrap)(stock))
+    stock = getattr(owner, attr)
+    setattr(owner, attr, getattr(patch, wrap)(stock))
     try:
         assert getattr(patch, probe)() is True
     finally:
-        setattr(GPUModelRunner, attr, stock)
+        setattr(owner, attr, stock)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +209,20 @@ def test_engine_steps_without_drafts_skip_the_rejection_sampler(guard_runs):
     # stock (guard off): every step of a speculative engine goes through it, drafts or not
     assert all(s["rejection_sampler_calls"] == 1 for s in off["steps"])
     assert any(s["drafts"] == 0 for s in off["steps"])  # the prefill steps
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_latest
+def test_engine_core_asks_for_no_drafts_after_k0_steps(guard_runs):
+    """The CPU engine core is synchronous: stock asks the worker for drafts after every
+    step; with the guard, not after a step it scheduled at k = 0 (those have none)."""
+    on, off = guard_runs["on"], guard_runs["off"]
+    assert on["patches"]["spec-guard-no-draft-rpc"] == "applied"
+    after = [
+        (s["k"], nxt["draft_requests_for_previous_step"])
+        for s, nxt in zip(on["steps"][:-1], on["steps"][1:], strict=True)
+    ]
+    at_k0 = [n for k, n in after if k == 0]
+    assert at_k0 and all(n == 0 for n in at_k0), after
+    assert all(n == 1 for k, n in after if k > 0), after
+    assert all(s["draft_requests_for_previous_step"] == 1 for s in off["steps"][1:]), off["steps"]

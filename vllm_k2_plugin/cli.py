@@ -169,6 +169,8 @@ def _bench_ab(args: argparse.Namespace) -> int:
     )
     result = run_ab(cfg)
     result["command"] = "vllm-k2 " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    # vLLM's and the plugin's settings reach every server through the environment
+    result["environment"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     files = write_all(result, args.out)
     print(open(files["markdown"]).read())

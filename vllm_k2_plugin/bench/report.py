@@ -18,6 +18,11 @@ def markdown(result: dict) -> str:
         f"# bench ab: {cfg['model']}",
         "",
         *([f"Command: `{result['command']}`", f"Date: {result['date']}", ""] if "command" in result else []),
+        *(
+            ["Environment: `" + " ".join(f"{k}={v}" for k, v in result["environment"].items()) + "`", ""]
+            if result.get("environment")
+            else []
+        ),
         f"{cfg['rounds']} round(s), modes alternating; {len(cfg['prompts'])} prompts, max_tokens {cfg['max_tokens']}, "
         "greedy. Ratios are per round against the baseline, median [min, max].",
         "",

@@ -53,6 +53,7 @@ class _State:
         self.guard, self.caps = guard, caps
         self.started: dict[int, tuple[float, int, int, bool]] = {}  # id(output) -> (t0, batch, k, pure)
         self.prev_k: int | None = None
+        self.last_step: tuple[int, list[str]] | None = None  # (k, request ids) of the step just updated
         self.reset_counts()
 
     def reset_counts(self) -> None:
@@ -122,8 +123,11 @@ def _wrap_update(original):
         state = getattr(self, ATTR, None)
         started = state.started.pop(id(scheduler_output), None) if state is not None else None
         if started is None:
+            if state is not None:
+                state.last_step = None
             return result
         t0, batch, k, pure = started
+        state.last_step = (k, list(scheduler_output.num_scheduled_tokens))
         state.guard.observe_drafts(state.drafted, state.accepted)
         state.reset_counts()
         steady = pure and state.prev_k == k
