@@ -12,6 +12,7 @@ lists for the step's requests without the round trip (the CPU engine served: 0.5
 from __future__ import annotations
 
 from ..patching import REGISTRY, PatchContext
+from .drafter_off import _Recorder
 from .patch import ATTR, _no_dynamic_sd
 
 MODULE = "vllm.v1.engine.core"
@@ -44,14 +45,6 @@ def _wrap_post_step(original):
     return post_step
 
 
-class _Executor:
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        return lambda *a, **kw: self.calls.append(name)
-
-
 def _upstream_skips_rpc() -> bool:
     """A bare stock engine core, synchronous, its executor a recorder, told that a step of
     one request scheduled at k = 0 just ran: upstream has this if it does not ask for drafts."""
@@ -59,7 +52,7 @@ def _upstream_skips_rpc() -> bool:
 
     from vllm.v1.engine.core import EngineCore
 
-    executor = _Executor()
+    executor = _Recorder()
     probe = EngineCore.__new__(EngineCore)
     probe.model_executor, probe.check_for_draft_tokens, probe.async_scheduling = executor, True, False
     probe.batch_queue = None
