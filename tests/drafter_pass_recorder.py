@@ -55,8 +55,7 @@ def _record(ctx):
                 line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "one_token_each": one_each,
                         "drafts": sum(len(v) for v in spec.values()), "drafter_passes": passes[0],
                         "rejection_sampler_calls": rejections[0],
-                        "draft_requests_for_previous_step": takes_before,
-                        "speculation_off": bool(getattr(out, "vllm_k2_speculation_off", False))}  # fmt: skip
+                        "draft_requests_for_previous_step": takes_before}  # fmt: skip
                 with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
                     f.write(json.dumps(line) + "\n")
             return result

@@ -187,12 +187,8 @@ def test_engine_guard_k0_decode_steps_skip_the_drafter(guard_runs):
     on, off = guard_runs["on"], guard_runs["off"]
     assert on["patches"]["spec-guard-drafter-off"] == "applied"
     assert off["patches"]["spec-guard-drafter-off"] == "not-applicable"
-    k0 = [s for s in on["steps"] if s["k"] == 0 and s["pure_decode"] and s["one_token_each"]]
-    skipped = [s for s in k0 if s["speculation_off"]]
+    skipped = [s for s in on["steps"] if s["k"] == 0 and s["pure_decode"] and s["one_token_each"]]
     assert skipped and all(s["drafter_passes"] == 0 for s in skipped), on["steps"]
-    # k = 0 probes while the guard still speculates keep the drafter's cache complete
-    probes = [s for s in k0 if not s["speculation_off"]]
-    assert probes and all(s["drafter_passes"] == 1 for s in probes), on["steps"]
     # prefill steps, speculating steps and the k = 0 step that verifies the last drafts still
     # run it: every prompt is in the drafter's cache
     ran = [s for s in on["steps"] if s not in skipped]

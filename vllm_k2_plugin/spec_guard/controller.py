@@ -86,10 +86,6 @@ class SpecGuard:
         b = self._bucket(batch)
         return b.probe_k if b.probe_left > 0 else b.k
 
-    def probing(self, batch: int) -> bool:
-        """Whether the next step of a batch of this size is a probe (not the settled k)."""
-        return self._bucket(batch).probe_left > 0
-
     # -- what the scheduler tells ------------------------------------------------
     def observe_step(self, batch: int, k: int, step_ms: float) -> Decision | None:
         """One decode step of ``batch`` requests scheduled with ``k`` took ``step_ms``."""

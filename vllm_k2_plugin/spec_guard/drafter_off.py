@@ -7,16 +7,13 @@ guard holds k at 0 the plugin skips it on decode steps of one token per request 
 resumed requests and the step that verifies the last drafts still run it, so every prompt
 is in the drafter's cache); the decode tokens of a k = 0
 stretch are then missing from the drafter's cache, as they are in stock vLLM for inputs
-too long for the drafter. Drafts stay verified, so outputs do not change. The short k = 0
-probes the guard makes while it speculates keep the drafter running: a skipped pass leaves a
-hole in that request's drafter cache for the rest of the request (random-token prompts, the
-bench drafter: acceptance at draft positions 2 and 3 fell from 0.31 / 0.20 to 0.21 / 0.07).
+too long for the drafter. Drafts stay verified, so outputs do not change.
 """
 
 from __future__ import annotations
 
 from ..patching import REGISTRY, PatchContext
-from .patch import SPECULATION_OFF, _no_dynamic_sd
+from .patch import _no_dynamic_sd
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
 
@@ -26,8 +23,6 @@ def _skips_drafter(runner, scheduler_output, sampled_token_ids) -> bool:
 
     if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
         return False
-    if not getattr(scheduler_output, SPECULATION_OFF, False):
-        return False  # a k = 0 probe while speculating: keep the drafter's cache complete
     spec = runner.speculative_config
     if not spec.use_eagle() or spec.disable_padded_drafter_batch:
         return False
@@ -81,7 +76,6 @@ def _upstream_skips_drafter() -> bool:
     probe.drafter, probe.valid_sampled_token_count_event = drafter, None  # None: no async copy (as on CPU)
     out = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=1,
                           num_scheduled_tokens={"probe": 1}, scheduled_new_reqs=[])  # fmt: skip
-    setattr(out, SPECULATION_OFF, True)  # what the guard marks; upstream would not read it
     try:
         GPUModelRunner.propose_draft_token_ids(probe, out, torch.zeros(1, 1, dtype=torch.int32),
                                                *([None] * 7))  # fmt: skip

@@ -20,9 +20,6 @@ from .controller import SpecGuard
 
 MODULE = "vllm.v1.core.sched.scheduler"
 ATTR = "_vllm_k2_spec_guard"
-#: set on each SchedulerOutput (it reaches the worker pickled with it): k = 0 because the
-#: guard turned speculation off, not a short k = 0 probe from a speculating k
-SPECULATION_OFF = "vllm_k2_speculation_off"
 
 
 def _no_dynamic_sd() -> str | None:
@@ -100,10 +97,8 @@ def _wrap_schedule(original):
         t0 = time.perf_counter()
         out = original(self, *args, **kwargs)
         batch = len(out.num_scheduled_tokens)
-        k = int(out.num_spec_tokens_to_schedule)
-        setattr(out, SPECULATION_OFF, k == 0 and not (batch and state.guard.probing(batch)))
         if batch:
-            state.started[id(out)] = (t0, batch, k, _pure_decode(out))
+            state.started[id(out)] = (t0, batch, int(out.num_spec_tokens_to_schedule), _pure_decode(out))
         return out
 
     return schedule
