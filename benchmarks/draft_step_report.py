@@ -1,6 +1,7 @@
 """Report of the draft-step measurements on the H200 (vLLM 0.20, gpu_engine_e2e.py suites
-hostprof, dgtiny, dgslice, dgmoe, dgprof, dgrope, dgdepth, dgdepthprof, and dgdeep with one folder of raw
-cases per device call under raw/dgdeep/): README.md + summary.json from the raw case files.
+hostprof, dgtiny, dgslice, dgmoe, dgprof, dgrope, dgdepth, dgdepthprof, dgdeep with one folder of raw
+cases per device call under raw/dgdeep/, and dgbackend under raw/dgbackend/): README.md + summary.json from
+the raw case files.
 
     python benchmarks/draft_step_report.py benchmarks/results/draft_step_h200/raw \\
         --out benchmarks/results/draft_step_h200
@@ -53,6 +54,14 @@ DEEP_DIR = "dgdeep"
 DEEP_LAYERS = 24
 DEEP_PLAIN, DEEP_PROF_PLAIN = "dg-deep24-plain", "dg-deepprof24-plain"
 DEEP_PROF_OWN = "dg-deepprof24-eagle3-k3-ownhead"
+#: suite dgbackend: the platform's priority list asked for FLASH_ATTN for non-MLA layers
+BACKEND_DIR = "dgbackend"
+BACKEND = {
+    "plain": "dg-backend-tiny-ours-plain",
+    "ours": "dg-backend-tiny-ours-eagle3-k3-draftgraph",
+    "vllm_pick": "dg-backend-tiny-ours-eagle3-k3-vllm-pick",
+}
+BACKEND_PATCHES = ("draft-attention-triton", "draft-step-graph", "deepseek-eagle3-final-layer-aux")
 
 
 def depth_fit(runs: dict[str, dict]) -> dict:
@@ -218,6 +227,64 @@ def _load_leases(raw: Path) -> dict[str, dict[str, dict]]:
 
 def _load(raw: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(raw.glob("*.json"))}
+
+
+def backend_summary(raw: Path) -> dict | None:
+    """Suite dgbackend: per case tok/s, drafter attention, patch states, greedy vs plain; a
+    case without a result file is reported with its log's last error line."""
+    d = raw / BACKEND_DIR
+    if not d.is_dir():
+        return None
+    runs, out = _load(d), {}
+    plain = runs.get(BACKEND["plain"])
+    for key, name in BACKEND.items():
+        r = runs.get(name)
+        if r is None:
+            log = (d / f"{name}.log").read_text(errors="replace").splitlines() if (d / f"{name}.log").exists() else []
+            errors = [ln.strip() for ln in log if "Error" in ln]
+            out[key] = {"ran": False, "error": errors[-1][-300:] if errors else "no result and no error line"}
+            continue
+        row = {"ran": True, "date": r["date"], "tok_s": r["single_stream"]["tok_s"],
+               "patches": {p: r["patches"].get(p) for p in BACKEND_PATCHES},
+               "log": [ln for ln in r.get("log_lines", []) if "EAGLE drafter attention" in ln]}  # fmt: skip
+        if key != "plain":
+            row.update(vs_plain=round(r["single_stream"]["tok_s"] / plain["single_stream"]["tok_s"], 3),
+                       spec=r["spec"], greedy_vs_plain=e2e.compare_greedy(plain, r),
+                       drafter_attention=r.get("drafter_attention"), draft_graphs=r.get("draft_graphs"))  # fmt: skip
+        out[key] = row
+    return out
+
+
+def backend_markdown(b: dict) -> list[str]:
+    labels = {"plain": "plain", "ours": "EAGLE-3 k=3, draft graph, drafter backend from draft-attention-triton",
+              "vllm_pick": "EAGLE-3 k=3, draft graph, vLLM's pick (draft-attention-triton disabled)"}  # fmt: skip
+    lines = [
+        "## The drafter's attention backend (suite dgbackend, one device call)",
+        "",
+        "The trained tiny pair with the bundle's plugin asking vLLM's priority list for FLASH_ATTN for every non-MLA "
+        "layer (`DGPU_BACKENDS=TRITON_MLA,FLASH_ATTN`), as vLLM's own list does on sm_90 and sm_120; the bench "
+        "drafter reads target layers (2, 5, 8), 8 being the stream after the 8-layer target's last layer.",
+        "",
+        "| case | tok/s | vs plain | drafter attention | draft graphs | drafts | accepted | greedy = plain | patches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, label in labels.items():
+        r = b[key]
+        if not r["ran"]:
+            lines.append(_row(label, "failed", "-", "-", "-", "-", "-", "-", f"`{r['error']}`"))
+            continue
+        states = ", ".join(f"{p}: {s}" for p, s in r["patches"].items())
+        if key == "plain":
+            lines.append(_row(label, r["tok_s"], "1.00", "-", "-", "-", "-", "-", states))
+            continue
+        g = r["draft_graphs"] or {}
+        graphs = f"captured {g.get('captured')}, {g.get('replays')} replays, {g.get('failed')} failed" if g else "-"
+        lines.append(_row(label, r["tok_s"], f"**{r['vs_plain']:.2f}**", ", ".join(r["drafter_attention"] or []),
+                          graphs, r["spec"]["drafts"], r["spec"]["accepted"], e2e._fmt_div(r["greedy_vs_plain"]),
+                          states))  # fmt: skip
+    said = sorted({ln for r in b.values() if r["ran"] for ln in r["log"]})
+    lines += ["", "Log lines of the backend choice:", ""] + [f"    {ln}" for ln in said] + [""]
+    return lines
 
 
 def _host_share(r: dict, fn: str) -> float:
@@ -701,8 +768,12 @@ def report(raw: Path, out: Path, command: str) -> dict:
     runs = _load(raw)
     s = summarize(runs)
     s["deep"] = deep_summary(_load_leases(raw), s["depth"]["fit"])
+    s["backend"] = backend_summary(raw)
+    text = markdown(s, runs)
+    if s["backend"] is not None:
+        text += "\n" + "\n".join(backend_markdown(s["backend"]))
     write_text(out / "summary.json", json.dumps(s, indent=1) + "\n")
-    write_text(out / "README.md", markdown(s, runs) + f"\nReport command: `{command}`\n")
+    write_text(out / "README.md", text + f"\nReport command: `{command}`\n")
     return s
 
 

@@ -37,7 +37,9 @@ CONTEXTS = (4096, 32768, 131072)
 DEEP_LAYERS = 24  # slice24: 23 MoE layers x 4.2 GB of bf16 experts fit one H200 with its KV cache
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
 STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
-CUDAGRAPH_LOG = ("CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step")
+CUDAGRAPH_LOG = (
+    "CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step", "EAGLE drafter attention"
+)  # fmt: skip
 
 # --------------------------------------------------------------------------- models
 
@@ -237,6 +239,14 @@ def _draft_graph_stats(worker) -> dict | None:
     if graphs is None:
         return None
     return {"captured": sorted(k[0] for k in graphs.graphs), "failed": len(graphs.failed), "replays": graphs.replays}
+
+
+def _drafter_attention(worker) -> list[str]:
+    """Metadata builder classes of the drafter's attention layers (its attention backend)."""
+    from vllm_k2_plugin.draft_graph.vllm_adapter import drafter_metadata_builders
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return sorted({type(b).__name__ for b in drafter_metadata_builders(drafter)}) if drafter is not None else []
 
 
 def _read_counters(worker, reset: bool) -> dict:
@@ -455,6 +465,8 @@ def run_case(case: dict) -> dict:
                 result["host"] = host_profile(lambda: timed(prompt, GEN))
     if spec:
         result["draft_graphs"] = llm.collective_rpc(_draft_graph_stats)[0]
+    if spec and spec["method"] == "eagle3":
+        result["drafter_attention"] = llm.collective_rpc(_drafter_attention)[0]
     return result
 
 
@@ -891,6 +903,14 @@ def suite(name: str, models: Path) -> list[dict]:
             {**s4k, "name": "hostprof-slice-plain"},
             {**s4k, "name": "hostprof-slice-eagle3-k3", "spec": e3("slice-draft")},
         ]
+    if name == "dgbackend":  # patch draft-attention-triton: vLLM's priority list would give the drafter FLASH_ATTN
+        fa = {**tiny, "graphs": True, "backend": "ours", "env": {"DGPU_BACKENDS": "TRITON_MLA,FLASH_ATTN"}}
+        e3 = {"spec": {"method": "eagle3", "model": str(models / "draft"), "k": 3}, "draft_graph": True}
+        return [
+            {**fa, "name": "dg-backend-tiny-ours-plain"},
+            {**fa, "name": "dg-backend-tiny-ours-eagle3-k3-draftgraph", **e3},
+            {**fa, "name": "dg-backend-tiny-ours-eagle3-k3-vllm-pick", **e3, "disable": [DRAFTER_TRITON]},
+        ]
     if name in (
         "dgtiny",
         "dgslice",
@@ -993,7 +1013,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend"
     )
 
 
@@ -1042,6 +1062,8 @@ DRAFT_SEGMENTS = "draft-attention-segments"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"
+#: The EAGLE drafter of an MLA target on TRITON_ATTN instead of vLLM's pick (patch draft-attention-triton).
+DRAFTER_TRITON = "draft-attention-triton"
 #: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
 #: "draft_head": "own"); without it vLLM shares the target's full-vocabulary head with it.
 DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
@@ -1056,9 +1078,10 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         # Inductor builds (the default) set the AOT function once and never pay this.
         env["VLLM_USE_AOT_COMPILE"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(case.get("env", {}))
     off = list(case.get("disable", []))
     if case["backend"] == "stock":
-        off += ["triton-mla-k2-decode", "draft-step-graph", PREFILL_AS_DECODE, MOE_SORTED]
+        off += ["triton-mla-k2-decode", "draft-step-graph", DRAFTER_TRITON, PREFILL_AS_DECODE, MOE_SORTED]
     if off:
         env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:
@@ -1078,7 +1101,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
 
 def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("tiny", "gguf", "hostprof", "dgtiny"):
+    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend"):
         from vllm_k2_plugin.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))

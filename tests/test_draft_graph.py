@@ -3,10 +3,12 @@ uncaptured on CPU) proposes exactly what stock vLLM proposes, step by step."""
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_job
+from .conftest import IS_016, SMALL_ENGINE, engine_env, run_engine_job
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):"]
 
@@ -76,3 +78,83 @@ def test_setting_parses_strictly_and_names_the_variable(monkeypatch):
     monkeypatch.setenv(ENV_DRAFT_GRAPH, "sometimes")
     with pytest.raises(ValueError, match=f"{ENV_DRAFT_GRAPH}='sometimes'"):
         draft_graph_setting()
+
+
+ADAPTER_PROBE = r"""
+import json, os
+os.environ["VLLM_K2_DRAFT_GRAPH"] = "1"  # the static-buffer path: the patch applies without a GPU
+import vllm_k2_plugin
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm_k2_plugin.draft_graph import graphs, patch
+from vllm_k2_plugin.draft_graph.vllm_adapter import propose_owner, proposer_class
+from vllm_k2_plugin.patching import REGISTRY
+owner = propose_owner()
+mode, batch = graphs._no_graph_dispatcher(VllmConfig()).dispatch(8)
+print(json.dumps({
+    "states": {n: REGISTRY[n].state.value for n in ("draft-step-graph", "draft-attention-triton")},
+    "owner": f"{owner.__module__}.{owner.__qualname__}",
+    "eagle_is_owner_or_subclass": issubclass(proposer_class(), owner),
+    "wrapped": getattr(proposer_class().propose, "__wrapped__", None) is not None,
+    "upstream": patch._upstream_graphs_drafts(),
+    "dispatch": [mode.name, batch.num_tokens],
+}))
+"""
+
+
+def _run_probe(code: str, env: dict[str, str], *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_draft_graph_patch_applies_to_this_vllms_eagle_proposer():
+    """0.16 defines ``propose`` on its own base class in eagle.py, later releases in
+    llm_base_proposer.py: the adapter finds it, the patch wraps it, the upstream probe and
+    the no-graph dispatcher work against this release's classes."""
+    r = _run_probe(ADAPTER_PROBE, engine_env())
+    assert r["states"] == {"draft-step-graph": "applied", "draft-attention-triton": "not-applicable"}
+    module = "vllm.v1.spec_decode.eagle" if IS_016 else "vllm.v1.spec_decode.llm_base_proposer"
+    assert r["owner"] == f"{module}.SpecDecodeBaseProposer"
+    assert r["eagle_is_owner_or_subclass"] and r["wrapped"]
+    assert r["upstream"] is False  # stock vLLM keeps its drafter on piecewise graphs
+    assert r["dispatch"] == ["NONE", 8]
+
+
+BACKEND_PROBE = r"""
+import json, os, sys
+import torch
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.attention.selector import AttentionSelectorConfig
+from vllm_k2_plugin.draft_graph.drafter_backend import drafter_of_mla_target
+target, draft = sys.argv[1:3]
+layer = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=16)
+specs = {
+    "eagle3": {"method": "eagle3", "model": draft, "num_speculative_tokens": 3},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+    "none": None,
+}
+out = {}
+for mla in ("0", "1"):
+    os.environ["VLLM_MLA_DISABLE"] = mla
+    for name, spec in specs.items():
+        args = EngineArgs(model=target, dtype="float32", max_model_len=512, speculative_config=spec)
+        cfg = args.create_engine_config()
+        out[f"mla_disable={mla} {name}"] = [
+            drafter_of_mla_target(cfg, layer),
+            drafter_of_mla_target(cfg, layer._replace(use_mla=True)),
+            drafter_of_mla_target(cfg, layer._replace(attn_type="encoder_only")),
+        ]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_only_an_eagle_drafters_layers_of_an_mla_target_get_triton_attn(trained_pair_random_drafter):
+    """Engine configs of this vLLM: the backend patch touches the non-MLA decoder layers of
+    an engine whose target is MLA and whose speculation is EAGLE, nothing else."""
+    target, draft = trained_pair_random_drafter
+    r = _run_probe(BACKEND_PROBE, engine_env(), target, draft)
+    assert r.pop("mla_disable=0 eagle3") == [True, False, False]
+    assert all(v == [False, False, False] for v in r.values()), r

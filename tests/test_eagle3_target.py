@@ -96,3 +96,11 @@ def test_backport_applies_on_016_and_retires_on_latest(captured):
     for trace in captured[1]:
         for name in ("deepseek-eagle3-aux-hidden-states", "kimi-k25-eagle3-passthrough"):
             assert trace["patches"][name]["state"] == expected, (name, trace["patches"][name])
+
+
+def test_final_layer_aux_patch_only_where_upstream_skips_that_id(captured):
+    """0.16: our backport's forward already has aux id == num_hidden_layers; latest: upstream
+    emits it (the probe runs upstream's forward). 0.20 skips it: applied there (H200 results)."""
+    expected = "not-applicable" if IS_016 else "retired-upstream"
+    for trace in captured[1]:
+        assert trace["patches"]["deepseek-eagle3-final-layer-aux"]["state"] == expected, trace["patches"]

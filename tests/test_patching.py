@@ -193,6 +193,30 @@ def test_wrap_links_the_original_checks_and_reverts(toy):
     assert toy.Engine.speed is original
 
 
+def test_replaced_classmethod_is_restored_as_a_classmethod(toy):
+    class Base:
+        @classmethod
+        def kind(cls):
+            return cls.__name__
+
+    class Child(Base):
+        pass
+
+    toy.Base = Base
+    reg = PatchRegistry()
+    reg.add(
+        make(
+            "kind",
+            lambda ctx: ctx.replace(Base, "kind", classmethod(lambda cls: "patched")),
+            target="k2_toy_target:Base",
+        )
+    )
+    reg.apply_all()
+    assert Child.kind() == "patched"
+    reg.revert_all()
+    assert Child.kind() == "Child"  # bound to the subclass again, not to Base
+
+
 def test_wrap_check_refusal_installs_nothing(toy):
     def refuse(wrapper):
         raise RuntimeError("wrapper does not behave")

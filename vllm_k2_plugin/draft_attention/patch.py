@@ -126,7 +126,7 @@ def _upstream_runs_drafts_as_decode() -> bool:
     name="draft-prefill-as-decode",
     feature="draft_attention",
     target=f"{MODULE}:TritonAttentionMetadataBuilder.build_for_drafting",
-    applies_to=">=0.20",
+    applies_to=">=0.16",
     already_upstream=_upstream_runs_drafts_as_decode,
     upstream="none yet (vLLM's unified attention splits the context only for one-token queries)",
     why="the drafter's first pass (1 + k tokens per request) walks the whole context in one program per KV head",

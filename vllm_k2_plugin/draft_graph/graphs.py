@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .vllm_adapter import drafter_metadata_builders
+
 #: Metadata builder classes (module, name) whose drafting metadata is replay-safe.
 REPLAYABLE_BUILDERS = (("vllm.v1.attention.backends.triton_attn", "TritonAttentionMetadataBuilder"),)
 
@@ -117,8 +119,7 @@ class DraftGraphs:
     def _replayable_builders(self) -> bool:
         if self._builders_ok is None:
             classes = _builder_classes()
-            groups = getattr(self.proposer, "draft_attn_groups", None) or []
-            builders = [g.get_metadata_builder() for g in groups]
+            builders = drafter_metadata_builders(self.proposer)
             self._builders_ok = bool(builders) and all(isinstance(b, classes) for b in builders)
             if not self._builders_ok:
                 names = sorted({type(b).__name__ for b in builders}) or ["none found"]

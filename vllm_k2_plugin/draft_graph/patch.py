@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..patching import REGISTRY, PatchContext
 from ..settings import ENV_DRAFT_GRAPH, draft_graph_setting
+from .vllm_adapter import PROPOSER, propose_owner, proposer_class
 
-MODULE = "vllm.v1.spec_decode.llm_base_proposer"
 ATTR = "_vllm_k2_draft_graphs"
 
 
@@ -29,14 +29,14 @@ def _upstream_graphs_drafts() -> bool:
     """Hand a bare proposer a FULL_AND_PIECEWISE engine mode: stock vLLM keeps its
     drafter on piecewise graphs; an upstream with full draft graphs passes FULL on."""
     from vllm.config import CUDAGraphMode
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     seen = []
-    probe = SpecDecodeBaseProposer.__new__(SpecDecodeBaseProposer)
+    cls = proposer_class()
+    probe = cls.__new__(cls)
     probe.speculative_config = type("Spec", (), {"enforce_eager": False})()
     probe.cudagraph_dispatcher = type("D", (), {"initialize_cudagraph_keys": lambda self, m, *a, **k: seen.append(m)})()
     try:
-        SpecDecodeBaseProposer.initialize_cudagraph_keys(probe, CUDAGraphMode.FULL_AND_PIECEWISE)
+        cls.initialize_cudagraph_keys(probe, CUDAGraphMode.FULL_AND_PIECEWISE)
     except Exception:  # noqa: BLE001 - a changed signature: treat as not upstream, the patch's own checks run
         return False
     return bool(seen) and seen[-1].decode_mode() == CUDAGraphMode.FULL
@@ -66,8 +66,8 @@ def _uses_graphs(proposer) -> bool:
 @REGISTRY.patch(
     name="draft-step-graph",
     feature="draft_graph",
-    target=f"{MODULE}:SpecDecodeBaseProposer.propose",
-    applies_to=">=0.20",
+    target=f"{PROPOSER}.propose",
+    applies_to=">=0.16",
     only_if=_not_wanted,
     already_upstream=_upstream_graphs_drafts,
     upstream="none yet (vLLM's EAGLE proposer supports piecewise graphs only)",
@@ -75,7 +75,5 @@ def _uses_graphs(proposer) -> bool:
     remove_when="vLLM captures the draft passes in full graphs (the probe sees FULL reach the drafter's dispatcher)",
 )
 def _apply(ctx: PatchContext) -> None:
-    from vllm.v1.spec_decode import llm_base_proposer
-
     ctx.target()
-    ctx.wrap(llm_base_proposer.SpecDecodeBaseProposer, "propose", _wrap_propose)
+    ctx.wrap(propose_owner(), "propose", _wrap_propose)

@@ -112,6 +112,65 @@ def _apply_deepseek(ctx: PatchContext) -> None:
     ctx.replace(DeepseekV2ForCausalLM, "get_eagle3_aux_hidden_state_layers", _get_aux_layers)
 
 
+def _upstream_emits_final_aux() -> bool:
+    """Run stock ``DeepseekV2Model.forward`` on a bare two-layer model (layers, embedding
+    and norm stood in for by tensor functions, one pipeline rank) asking for ids 1 and 2:
+    upstream has the convention if it returns both (0.32 does; 0.20 returns only id 1)."""
+    import importlib
+    from types import SimpleNamespace
+
+    import torch
+
+    ds = importlib.import_module(DS)
+    model = ds.DeepseekV2Model.__new__(ds.DeepseekV2Model)
+    torch.nn.Module.__init__(model)
+    layer = lambda positions, hidden, residual, *a: (hidden * 2, hidden if residual is None else residual)  # noqa: E731
+    vars(model).update(
+        config=SimpleNamespace(),
+        layers=[layer, layer],
+        start_layer=0,
+        end_layer=2,
+        aux_hidden_state_layers=(1, 2),
+        embed_input_ids=lambda ids: ids.float()[:, None],
+        norm=lambda hidden, residual: (hidden + residual, None),
+    )
+    stock_pp = ds.get_pp_group
+    ds.get_pp_group = lambda: SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    try:
+        out = ds.DeepseekV2Model.forward(model, torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), None)
+    finally:
+        ds.get_pp_group = stock_pp
+    return isinstance(out, tuple) and len(out[1]) == 2
+
+
+def _base_backport_applied() -> str | None:
+    state = REGISTRY["deepseek-eagle3-aux-hidden-states"].state.value
+    if state != "retired-upstream":
+        return f"deepseek-eagle3-aux-hidden-states is {state} (its forward has the final-layer id)"
+    return None
+
+
+@REGISTRY.patch(
+    name="deepseek-eagle3-final-layer-aux",
+    feature="eagle3",
+    target=f"{DS}:DeepseekV2Model.forward",
+    applies_to=">=0.16",
+    only_if=_base_backport_applied,
+    already_upstream=_upstream_emits_final_aux,
+    upstream="in vLLM by 0.32 (DeepseekV2Model appends the stream after its last layer)",
+    why=(
+        "upstream EAGLE-3 for DeepSeek (0.18+) skips aux id == num_hidden_layers (the stream after the last "
+        "layer): a drafter trained on it fails with a shape error in its fc (0.20 on the H200)"
+    ),
+    remove_when="minimum supported vLLM's DeepseekV2Model emits the final-layer aux state (the probe sees it)",
+)
+def _apply_final_aux(ctx: PatchContext) -> None:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
+
+    ctx.target()
+    ctx.wrap(DeepseekV2Model, "forward", _model_forward_with_aux)
+
+
 def _kimi_has_eagle3() -> bool:
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 

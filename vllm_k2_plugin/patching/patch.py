@@ -128,7 +128,8 @@ class PatchContext:
         # attribute to reveal the inherited one again.
         own = attr in getattr(owner, "__dict__", {})
         had = own or (not isinstance(owner, type) and hasattr(owner, attr))
-        original = getattr(owner, attr, None)
+        # a class's own attribute as stored (a classmethod stays a classmethod on undo)
+        original = vars(owner)[attr] if own and isinstance(owner, type) else getattr(owner, attr, None)
         setattr(owner, attr, value)
         self.patch.replaced.append(("attr", owner, attr, original, had))
 
