@@ -7,8 +7,9 @@ FLASH_ATTN first on sm_90 and sm_120 (FLASHINFER first on sm_100), so on our use
 the draft step would stay on piecewise graphs. ``--attention-backend`` cannot pick it: it
 is global and the target's MLA layers need an MLA backend. Only non-MLA decoder layers of
 an engine whose target is MLA and whose speculation is EAGLE are touched (that is the
-drafter); a backend the user chose (``selected_backend``) is always kept, and where
-TRITON_ATTN does not fit the layer, vLLM's own pick stays (logged).
+drafter), and only where the draft step can be captured (CUDA graphs on); a backend the
+user chose (``selected_backend``) is always kept, and where TRITON_ATTN does not fit the
+layer, vLLM's own pick stays (logged).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 from typing import Any
 
 from ..patching import REGISTRY, PatchContext
-from .patch import _not_wanted, _upstream_graphs_drafts
+from .patch import _not_wanted, _upstream_graphs_drafts, uses_graphs
 
 TARGET = "vllm.platforms.cuda:CudaPlatformBase.get_attn_backend_cls"
 
@@ -50,7 +51,12 @@ def _wrap_get_attn_backend_cls(original):
 
     @functools.wraps(pick)
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
-        if selected_backend is not None or not drafter_of_mla_target(current_engine_config(), attn_selector_config):
+        engine = current_engine_config()
+        if (
+            selected_backend is not None
+            or not drafter_of_mla_target(engine, attn_selector_config)
+            or not uses_graphs(engine, engine.speculative_config)  # eager: no draft graph to gain
+        ):
             return pick(cls, selected_backend, attn_selector_config, *args, **kwargs)
         default = pick(cls, None, attn_selector_config, *args, **kwargs)
         try:

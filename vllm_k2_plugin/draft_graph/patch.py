@@ -48,19 +48,20 @@ def _wrap_propose(original):
         if graphs is None:
             from .graphs import DraftGraphs
 
-            graphs = DraftGraphs(self, original, capture=_capture_possible() and _uses_graphs(self))
+            capture = _capture_possible() and uses_graphs(self.vllm_config, self.speculative_config)
+            graphs = DraftGraphs(self, original, capture=capture)
             self.__dict__[ATTR] = graphs
         return graphs(*args, **kwargs)
 
     return propose
 
 
-def _uses_graphs(proposer) -> bool:
+def uses_graphs(vllm_config, speculative_config) -> bool:
     """Capture only where the engine runs CUDA graphs at all (not under enforce_eager)."""
     from vllm.config import CUDAGraphMode
 
-    mode = proposer.vllm_config.compilation_config.cudagraph_mode
-    return mode is not None and mode != CUDAGraphMode.NONE and not proposer.speculative_config.enforce_eager
+    mode = vllm_config.compilation_config.cudagraph_mode
+    return mode is not None and mode != CUDAGraphMode.NONE and not speculative_config.enforce_eager
 
 
 @REGISTRY.patch(

@@ -1,21 +1,23 @@
 """Where the EAGLE proposer's pieces live, per vLLM version.
 
 Kept apart so that graphs.py and the patches have no version branches. What differs
-(read from the sources of the versions we run on; each row is exercised by a test):
+(read from the sources of the versions we run on):
 
 =========  =====================================================================
-0.16       ``EagleProposer`` defines ``propose``; the drafter's layers share one
-           metadata builder (``attn_metadata_builder``, else found through the
-           runner by ``_get_attention_metadata_builder()``).
-0.20       ``EagleProposer`` inherits ``propose`` from ``SpecDecodeBaseProposer``;
-           one builder per drafter attention group (``draft_attn_groups``).
-           Proven on the H200.
-0.32       as 0.20.
+0.16       ``SpecDecodeBaseProposer`` in ``eagle.py`` defines ``propose``; the
+           drafter's layers share one metadata builder (``attn_metadata_builder``,
+           else found through the runner by ``_get_attention_metadata_builder()``).
+           CPU engine: the patches apply, probe and dispatcher checked (no CPU spec
+           decode, so the draft step itself never ran on 0.16).
+0.20       ``SpecDecodeBaseProposer`` in ``llm_base_proposer.py``; one builder per
+           drafter attention group (``draft_attn_groups``). Proven on the H200.
+0.32       as 0.20 (CPU engine: the static-buffer path against stock drafts).
 =========  =====================================================================
 
-The same on all three: ``propose(..., common_attn_metadata, sampling_metadata, ...)``,
-the proposer's ``cudagraph_dispatcher`` and ``initialize_cudagraph_keys(mode)``, and the
-platform's ``get_attn_backend_cls(selected_backend, attn_selector_config, ...)``.
+The same on all three: ``EagleProposer`` in ``eagle.py``, ``propose(...,
+common_attn_metadata, sampling_metadata, ...)``, the proposer's ``cudagraph_dispatcher``
+and ``initialize_cudagraph_keys(mode)``, and the platform's
+``get_attn_backend_cls(selected_backend, attn_selector_config, ...)``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from typing import Any
 
 PROPOSER_MODULE = "vllm.v1.spec_decode.eagle"
 PROPOSER = f"{PROPOSER_MODULE}:EagleProposer"
-TESTED_RELEASES = ("0.16", "0.20", "0.32")
 
 
 def proposer_class() -> type:
@@ -34,8 +35,8 @@ def proposer_class() -> type:
 
 
 def propose_owner() -> type:
-    """The class whose ``propose`` the EAGLE proposer runs (0.16: EagleProposer itself;
-    0.20+: SpecDecodeBaseProposer): wrapped there, as before the 0.16 adapter existed."""
+    """The class that defines the ``propose`` EagleProposer runs (SpecDecodeBaseProposer,
+    in eagle.py on 0.16, llm_base_proposer.py later): the patch wraps it there."""
     return next(c for c in proposer_class().__mro__ if "propose" in vars(c))
 
 
