@@ -59,7 +59,6 @@ BACKEND_DIR = "dgbackend"
 BACKEND = {
     "plain": "dg-backend-tiny-ours-plain",
     "ours": "dg-backend-tiny-ours-eagle3-k3-draftgraph",
-    "vllm_pick": "dg-backend-tiny-ours-eagle3-k3-vllm-pick",
 }
 BACKEND_PATCHES = ("draft-attention-triton", "draft-step-graph", "deepseek-eagle3-final-layer-aux")
 
@@ -256,8 +255,7 @@ def backend_summary(raw: Path) -> dict | None:
 
 
 def backend_markdown(b: dict) -> list[str]:
-    labels = {"plain": "plain", "ours": "EAGLE-3 k=3, draft graph, drafter backend from draft-attention-triton",
-              "vllm_pick": "EAGLE-3 k=3, draft graph, vLLM's pick (draft-attention-triton disabled)"}  # fmt: skip
+    labels = {"plain": "plain", "ours": "EAGLE-3 k=3, draft graph, drafter backend from draft-attention-triton"}
     lines = [
         "## The drafter's attention backend (suite dgbackend, one device call)",
         "",
