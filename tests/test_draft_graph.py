@@ -149,6 +149,51 @@ for mla in ("0", "1"):
 print(json.dumps(out))
 """
 
+# The wrapper's decisions under a real engine config (MLA target + EAGLE-3 drafter). vLLM's CUDA
+# chooser needs a GPU, so a stand-in answers for it: FLASH_ATTN by priority, TRITON_ATTN when
+# asked, or a ValueError when asked (a layer TRITON_ATTN does not fit).
+WRAPPER_PROBE = r"""
+import json, logging, os, sys
+import torch
+os.environ["VLLM_MLA_DISABLE"] = "0"
+from vllm.config import CUDAGraphMode, set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.selector import AttentionSelectorConfig
+from vllm_k2_plugin.draft_graph.drafter_backend import _wrap_get_attn_backend_cls
+target, draft = sys.argv[1:3]
+layer = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=16)
+spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}
+cfg = EngineArgs(model=target, dtype="float32", max_model_len=512, speculative_config=spec).create_engine_config()
+said = []
+class Said(logging.Handler):
+    def emit(self, record):
+        said.append(record.levelname + " " + record.getMessage())
+logging.getLogger("vllm.k2_plugin.draft_graph").addHandler(Said())
+def chooser(refuse):
+    def pick(cls, selected, config, *a, **k):
+        if selected is None:
+            return "FLASH_ATTN"
+        if selected == AttentionBackendEnum.TRITON_ATTN and refuse:
+            raise ValueError("head size not supported")
+        return selected.name
+    return pick
+out = {}
+for mode in ("FULL_AND_PIECEWISE", "NONE"):
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    with set_current_vllm_config(cfg):
+        for refuse in (False, True):
+            wrapped = _wrap_get_attn_backend_cls(chooser(refuse))
+            said.clear()
+            out[f"{mode} refuse={refuse}"] = {
+                "drafter": wrapped(None, None, layer),
+                "user_choice": wrapped(None, AttentionBackendEnum.FLEX_ATTENTION, layer),
+                "mla_layer": wrapped(None, None, layer._replace(use_mla=True)),
+                "log": [m.split(" (")[0] for m in said],
+            }
+print(json.dumps(out))
+"""
+
 
 @pytest.mark.slow
 def test_only_an_eagle_drafters_layers_of_an_mla_target_get_triton_attn(trained_pair_random_drafter):
@@ -158,3 +203,24 @@ def test_only_an_eagle_drafters_layers_of_an_mla_target_get_triton_attn(trained_
     r = _run_probe(BACKEND_PROBE, engine_env(), target, draft)
     assert r.pop("mla_disable=0 eagle3") == [True, False, False]
     assert all(v == [False, False, False] for v in r.values()), r
+
+
+@pytest.mark.slow
+def test_drafter_backend_choice_and_its_fallback_when_triton_attn_does_not_fit(trained_pair_random_drafter):
+    """With graphs on, the drafter's layers get TRITON_ATTN instead of vLLM's pick (logged);
+    where TRITON_ATTN refuses the layer, vLLM's pick stays (warned); a user's backend, MLA
+    layers and eager engines are left to vLLM."""
+    target, draft = trained_pair_random_drafter
+    r = _run_probe(WRAPPER_PROBE, engine_env(), target, draft)
+    assert r["FULL_AND_PIECEWISE refuse=False"] == {
+        "drafter": "TRITON_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN",
+        "log": ["INFO vllm-k2: EAGLE drafter attention: TRITON_ATTN instead of vLLM's pick FLASH_ATTN"],
+    }  # fmt: skip
+    assert r["FULL_AND_PIECEWISE refuse=True"] == {
+        "drafter": "FLASH_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN",
+        "log": ["WARNING vllm-k2: EAGLE drafter attention keeps FLASH_ATTN"],
+    }  # fmt: skip
+    for refuse in (False, True):
+        assert r[f"NONE refuse={refuse}"] == {
+            "drafter": "FLASH_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN", "log": []
+        }  # fmt: skip

@@ -217,6 +217,44 @@ def test_replaced_classmethod_is_restored_as_a_classmethod(toy):
     assert Child.kind() == "Child"  # bound to the subclass again, not to Base
 
 
+def test_wrapped_classmethod_and_staticmethod_keep_their_kind(toy):
+    class Base:
+        @classmethod
+        def kind(cls):
+            return cls.__name__
+
+        @staticmethod
+        def double(x):
+            return 2 * x
+
+    class Child(Base):
+        pass
+
+    toy.Base = Base
+    seen, original_kind = [], vars(Base)["kind"].__func__
+
+    def wrap_kind(original):
+        def kind(cls):
+            return "wrapped " + original(cls)
+
+        return kind
+
+    def apply(ctx):
+        ctx.wrap(Base, "kind", wrap_kind, check=seen.append)
+        ctx.wrap(Base, "double", lambda original: lambda x: original(x) + 1)
+
+    reg = PatchRegistry()
+    reg.add(make("kinds", apply, target="k2_toy_target:Base"))
+    reg.apply_all()
+    assert Child.kind() == "wrapped Child" and Base().kind() == "wrapped Base"
+    assert Child.double(3) == 7 and Base().double(3) == 7
+    assert seen[0].__wrapped__ is original_kind  # check() saw the function, wrapped like any other
+    reg.apply_all()  # a second apply in the same process: no double wrap
+    assert Child.kind() == "wrapped Child"
+    reg.revert_all()
+    assert Child.kind() == "Child" and Base.double(3) == 6
+
+
 def test_wrap_check_refusal_installs_nothing(toy):
     def refuse(wrapper):
         raise RuntimeError("wrapper does not behave")

@@ -14,7 +14,6 @@ layer, vLLM's own pick stays (logged).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from ..patching import REGISTRY, PatchContext
@@ -42,14 +41,12 @@ def drafter_of_mla_target(engine_config: Any, selector_config: Any) -> bool:
     return bool(getattr(target, "use_mla", False))
 
 
-def _wrap_get_attn_backend_cls(original):
+def _wrap_get_attn_backend_cls(pick):
+    """``pick``: the classmethod's function, called with the platform class vLLM uses."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from ..mla.vllm_adapter import current_engine_config
 
-    pick = original.__func__  # the classmethod's function: called with the platform vLLM uses
-
-    @functools.wraps(pick)
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
         engine = current_engine_config()
         if (
@@ -77,7 +74,7 @@ def _wrap_get_attn_backend_cls(original):
             )
         return triton
 
-    return classmethod(get_attn_backend_cls)
+    return get_attn_backend_cls
 
 
 def _no_cuda_or_not_wanted() -> str | None:
@@ -104,5 +101,4 @@ def _apply(ctx: PatchContext) -> None:
 
     ctx.target()
     owner = importlib.import_module(TARGET.partition(":")[0]).CudaPlatformBase
-    # not ctx.wrap: a classmethod's __wrapped__ is read-only; the wrapper carries it itself
-    ctx.replace(owner, "get_attn_backend_cls", _wrap_get_attn_backend_cls(owner.get_attn_backend_cls))
+    ctx.wrap(owner, "get_attn_backend_cls", _wrap_get_attn_backend_cls)

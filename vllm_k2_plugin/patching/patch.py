@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,13 +137,17 @@ class PatchContext:
     def wrap(self, owner: Any, attr: str, make: Callable[[Any], Any], check: Callable[[Any], None] | None = None):
         """Replace owner.attr by make(original): the wrapper gets functools.wraps(original)
         (``__wrapped__``, name, doc), ``check(wrapper)`` may refuse it before it is installed;
-        recorded like replace(). Returns what owner.attr is afterwards."""
+        recorded like replace(). A class's classmethod or staticmethod stays one: ``make``
+        gets its function (a classmethod's takes ``cls`` first) and the wrapper is installed
+        under the same decorator. Returns what owner.attr is afterwards."""
         if not self.owns(owner, attr):
-            original = getattr(owner, attr)
+            stored = inspect.getattr_static(owner, attr) if isinstance(owner, type) else None
+            kind = type(stored) if isinstance(stored, (classmethod, staticmethod)) else None
+            original = stored.__func__ if kind else getattr(owner, attr)
             wrapper = functools.wraps(original)(make(original))
             if check is not None:
                 check(wrapper)
-            self.replace(owner, attr, wrapper)
+            self.replace(owner, attr, kind(wrapper) if kind else wrapper)
         return getattr(owner, attr)
 
     def replace_item(self, mapping: Any, key: Any, value: Any) -> None:
