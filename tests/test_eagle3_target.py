@@ -94,7 +94,7 @@ def test_aux_layers_are_distinct_states(captured):
 def test_backport_applies_on_016_and_retires_on_latest(captured):
     expected = "applied" if IS_016 else "retired-upstream"
     for trace in captured[1]:
-        for name in ("deepseek-eagle3-aux-hidden-states", "kimi-k25-eagle3-passthrough"):
+        for name in ("deepseek-eagle3-aux-hidden-states", "kimi-k25-eagle3-passthrough", "kimi-k25-image-token-index"):
             assert trace["patches"][name]["state"] == expected, (name, trace["patches"][name])
 
 

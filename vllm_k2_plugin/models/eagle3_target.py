@@ -210,14 +210,51 @@ def _apply_kimi(ctx: PatchContext) -> None:
     ctx.replace(cls, "get_eagle3_aux_hidden_state_layers", _wrapper_get_aux)
 
 
-def _proposer_knows_kimi() -> bool:
-    import inspect
+class _ReachedLanguageModel(Exception):
+    """Raised by the stand-in K2.5 wrapper once the proposer is past its image token."""
 
+
+#: K2.5's media placeholder token id (the stand-in config's only id).
+_MEDIA_PLACEHOLDER = 163_605
+
+
+def _proposer_knows_kimi() -> bool:
+    """Run the EAGLE proposer's ``load_model`` up to its multimodal branch on a stand-in
+    K2.5 wrapper whose config has ``media_placeholder_token_id`` and no
+    ``image_token_index`` (the drafter and the layer lookup stood in too, as nothing is
+    loaded): upstream knows K2.5 when the drafter gets the placeholder as its image token."""
+    import importlib
+    from types import SimpleNamespace
+
+    from ..draft_graph.vllm_adapter import proposer_class
+
+    cls = proposer_class()
+    owner = next(c for c in cls.__mro__ if "load_model" in vars(c))
+    module = importlib.import_module(owner.__module__)
+    drafter = SimpleNamespace(config=SimpleNamespace())
+
+    class KimiK25ForConditionalGeneration:  # vLLM branches on the class name
+        supports_multimodal = True
+        config = SimpleNamespace(media_placeholder_token_id=_MEDIA_PLACEHOLDER)
+
+        def get_language_model(self):
+            raise _ReachedLanguageModel
+
+    probe = cls.__new__(cls)
+    probe.vllm_config, probe.supports_mm_inputs, probe._get_model = None, False, lambda: drafter
+    lookup = module.get_layers_from_vllm_config
+    module.get_layers_from_vllm_config = lambda *a, **kw: {}
     try:
-        from vllm.v1.spec_decode import llm_base_proposer as mod  # >= 0.2x
-    except ImportError:
-        from vllm.v1.spec_decode import eagle as mod
-    return "media_placeholder_token_id" in inspect.getsource(mod)
+        owner.load_model(probe, KimiK25ForConditionalGeneration())
+    except _ReachedLanguageModel:
+        return getattr(drafter.config, "image_token_index", None) == _MEDIA_PLACEHOLDER
+    except AttributeError as e:
+        if "image_token_index" in str(e):  # the stock branch reads config.image_token_index
+            return False
+        raise
+    finally:
+        module.get_layers_from_vllm_config = lookup
+    return False
 
 
 @REGISTRY.patch(
