@@ -1,6 +1,7 @@
 """Report of the draft-step measurements on the H200 (vLLM 0.20, gpu_engine_e2e.py suites
 hostprof, dgtiny, dgslice, dgmoe, dgprof, dgrope, dgdepth, dgdepthprof, dgdeep with one folder of raw
-cases per device call under raw/dgdeep/, dgbackend under raw/dgbackend/, dg12 under raw/dg12/):
+cases per device call under raw/dgdeep/, dgbackend under raw/dgbackend/, dg12 and dg24 with one
+folder per device call under raw/dg12/ and raw/dg24/):
 README.md + summary.json from the raw case files.
 
     python benchmarks/draft_step_report.py benchmarks/results/draft_step_h200/raw \\
@@ -61,12 +62,11 @@ BACKEND = {
     "ours": "dg-backend-tiny-ours-eagle3-k3-draftgraph",
 }
 BACKEND_PATCHES = ("draft-attention-triton", "draft-step-graph", "deepseek-eagle3-final-layer-aux")
-#: suite dg12: the 12-layer slice, the TP-8 drafter with its own head; two rounds, then profiled
-H12_DIR = "dg12"
-H12_ROUNDS = {
-    "round 1": ("dg12-plain", "dg12-eagle3-k3-ownhead"),
-    "round 2": ("dg12-plain-r2", "dg12-eagle3-k3-ownhead-r2"),
-}
+#: suites dg12 / dg24: the 12- and 24-layer slices, the TP-8 drafter with its own head; two rounds
+#: of plain and EAGLE-3 per device call (one folder per call, named by how many engines ran at
+#: once), and dg12's profiled pair
+HOST_BOUND_DIRS = {"dg12": 12, "dg24": 24}
+HOST_BOUND_ROUNDS = {"round 1": ("plain", "eagle3-k3-ownhead"), "round 2": ("plain-r2", "eagle3-k3-ownhead-r2")}
 H12_PROF = {"plain": "dg12prof-plain", "eagle3": "dg12prof-eagle3-k3-ownhead"}
 
 
@@ -292,90 +292,105 @@ def backend_markdown(b: dict) -> list[str]:
     return lines
 
 
+def _request_spread(r: dict) -> float:
+    """Slowest over fastest long request of a context after the first (warm-up) round."""
+    t = r["request_s"][str(e2e.GEN)][1:]
+    return round(max(t) / min(t), 2)
+
+
 def host_bound_summary(raw: Path) -> dict | None:
-    """Suite dg12: per round the request-timed step of plain and EAGLE-3 and their ratio; profiled,
-    per step: unprofiled wall, GPU busy, GPU idle in gaps >= 20 us, host time blocked in CUDA
+    """Suites dg12 / dg24: per device call and round, the request-timed step of plain and
+    EAGLE-3, their ratio and the spread of their long requests; dg12's profiled pair: per step
+    unprofiled wall, GPU busy, GPU idle in gaps >= 20 us, host time blocked in CUDA
     synchronisation, the fused MoE kernel's time; EAGLE-3's largest idle gaps."""
-    d = raw / H12_DIR
-    if not d.is_dir():
+    calls, prof, dates = [], None, []
+    for suite, layers in HOST_BOUND_DIRS.items():
+        for d in sorted(p for p in (raw / suite).glob("*") if p.is_dir()):
+            runs = _load(d)
+            dates += [r["date"] for r in runs.values()]
+            for label, (plain, spec) in HOST_BOUND_ROUNDS.items():
+                p, e = runs[f"{suite}-{plain}"]["contexts"], runs[f"{suite}-{spec}"]["contexts"]
+                calls.append({
+                    "layers": layers, "call": d.name, "round": label,
+                    "contexts": {c: {"plain_ms": p[c]["step_ms"], "eagle3_ms": e[c]["step_ms"],
+                                     "ratio": round(e[c]["step_ms"] / p[c]["step_ms"], 2),
+                                     "spread_plain": _request_spread(p[c]), "spread_eagle3": _request_spread(e[c]),
+                                     "accepted": e[c]["spec"]["accepted"]} for c in p},
+                })  # fmt: skip
+            if H12_PROF["plain"] in runs:
+                prof = {}
+                for key, name in H12_PROF.items():
+                    r, pr = runs[name], runs[name]["profile"]
+                    moe = sum(k["ms"] for k in pr["kernels_full_names"] if k["kernel"] == "fused_moe_kernel")
+                    prof[key] = {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
+                                 "profiled_wall_ms": pr["wall_ms_per_step"],
+                                 "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
+                                 "host_wait_ms": pr["host_waits"]["ms_per_step"], "kernels": pr["kernels_per_step"],
+                                 "fused_moe_ms": round(moe, 4), "call": d.name}  # fmt: skip
+                prof["eagle3_idle_gaps"] = runs[H12_PROF["eagle3"]]["profile"]["gpu_idle"]["by_neighbours"][:6]
+    if not calls:
         return None
-    runs = _load(d)
-    rounds = {}
-    for label, (plain, spec) in H12_ROUNDS.items():
-        p, e = runs[plain]["contexts"], runs[spec]["contexts"]
-        rounds[label] = {
-            c: {"plain_ms": p[c]["step_ms"], "eagle3_ms": e[c]["step_ms"],
-                "ratio": round(e[c]["step_ms"] / p[c]["step_ms"], 2), "accepted": e[c]["spec"]["accepted"]}
-            for c in p
-        }  # fmt: skip
-    prof = {}
-    for key, name in H12_PROF.items():
-        r, pr = runs[name], runs[name]["profile"]
-        moe = sum(k["ms"] for k in pr["kernels_full_names"] if k["kernel"] == "fused_moe_kernel")
-        prof[key] = {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
-                     "profiled_wall_ms": pr["wall_ms_per_step"], "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
-                     "host_wait_ms": pr["host_waits"]["ms_per_step"], "kernels": pr["kernels_per_step"],
-                     "fused_moe_ms": round(moe, 4), "date": r["date"]}  # fmt: skip
-    e, p = prof["eagle3"], prof["plain"]
-    return {
-        "rounds": rounds,
-        "profiled": prof,
-        "over_plain": {
-            "wall": round(e["wall_ms"] / p["wall_ms"], 2),
-            "gpu_busy": round(e["gpu_busy_ms"] / p["gpu_busy_ms"], 2),
-        },
-        "eagle3_idle_gaps": runs[H12_PROF["eagle3"]]["profile"]["gpu_idle"]["by_neighbours"][:6],
-        "dates": sorted(r["date"] for r in runs.values()),
-    }
+    return {"rounds": calls, "profiled_12": prof, "dates": [min(dates), max(dates)]}
 
 
 def host_bound_markdown(h: dict) -> list[str]:
-    ctxs = list(next(iter(h["rounds"].values())))
+    ctxs = list(h["rounds"][0]["contexts"])
     lines = [
-        "## The 12-layer slice is host-bound (suite dg12, one device call)",
+        "## Where the slice is host-bound: 12 against 24 layers (suites dg12 and dg24)",
         "",
-        f"Raw cases {h['dates'][0]} … {h['dates'][-1]}. The 12-layer slice with every patch of ours, draft graph on, "
-        "the drafter at K2.5's TP-8 share with its own 4,000-row head (`slice-draft-tp8` + "
-        "`benchmarks/dummy_draft_head.py`), dummy weights (no draft accepted). Two rounds of the request-timed "
-        "step (multiprocess engines, two at a time, measured one at a time), ms per step:",
+        f"Raw cases {h['dates'][0]} … {h['dates'][1]}, one folder per device call (named by how many engines ran "
+        "at once; each case was measured alone either way). Every patch of ours, draft graph on, the drafter at "
+        "K2.5's TP-8 share with its own 4,000-row head (`slice-draft-tp8` / `slice24-draft-tp8` + "
+        "`benchmarks/dummy_draft_head.py`), dummy weights (no draft accepted). Request-timed steps (multiprocess "
+        "engines), ms per step; spread: slowest over fastest 128-token request of a case after its first round:",
         "",
-        "| round | " + " | ".join(f"plain {int(c) // 1024}k | EAGLE-3 {int(c) // 1024}k | ratio" for c in ctxs) + " |",
-        "|---|" + "---|---|---|" * len(ctxs),
-    ]
-    for label, r in h["rounds"].items():
-        lines.append(
-            _row(label, *(x for c in ctxs for x in (r[c]["plain_ms"], r[c]["eagle3_ms"], f"**{r[c]['ratio']}**")))
+        "| layers | call | round | "
+        + " | ".join(
+            f"plain {int(c) // 1024}k | EAGLE-3 {int(c) // 1024}k | ratio | spread plain / EAGLE-3" for c in ctxs
         )
-    p, e = h["profiled"]["plain"], h["profiled"]["eagle3"]
+        + " |",
+        "|---|---|---|" + "---|---|---|---|" * len(ctxs),
+    ]
+    for r in h["rounds"]:
+        cells = []
+        for c in ctxs:
+            x = r["contexts"][c]
+            cells += [x["plain_ms"], x["eagle3_ms"], f"**{x['ratio']}**", f"{x['spread_plain']} / {x['spread_eagle3']}"]
+        lines.append(_row(r["layers"], r["call"], r["round"], *cells))
+    p = h["profiled_12"]
+    if p is None:
+        return lines + [""]
+    e = p["eagle3"]
     lines += [
         "",
-        "Profiled at 4k (in-process engines; wall: one unprofiled 128-token request; under torch.profiler with "
-        "Python stacks: GPU busy = union of kernel intervals, GPU idle = the gaps of at least 20 µs between kernels "
-        "(profiler overhead lengthens them), host waits = time in cudaEventSynchronize / cudaStreamSynchronize / "
-        "cudaDeviceSynchronize / cudaMemcpy), ms per step:",
+        f"Profiled at 12 layers, 4k (call {e['call']}; in-process engines; wall: one unprofiled 128-token request; "
+        "under torch.profiler with Python stacks: GPU busy = union of kernel intervals, GPU idle = the gaps of at "
+        "least 20 µs between kernels (profiler overhead lengthens them), host waits = time in cudaEventSynchronize / "
+        "cudaStreamSynchronize / cudaDeviceSynchronize / cudaMemcpy), ms per step:",
         "",
         "| mode | wall | GPU busy | wall - GPU busy | profiled wall | GPU idle (gaps, profiled) "
         "| host waits on the GPU | kernels | fused_moe_kernel |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, r in (("plain", p), ("EAGLE-3 k=3", e)):
+    for label, r in (("plain", p["plain"]), ("EAGLE-3 k=3", e)):
         lines.append(_row(label, r["wall_ms"], r["gpu_busy_ms"], round(r["wall_ms"] - r["gpu_busy_ms"], 3),
                           r["profiled_wall_ms"], r["gpu_idle_ms"], r["host_wait_ms"], r["kernels"],
                           r["fused_moe_ms"]))  # fmt: skip
-    o = h["over_plain"]
     lines += [
         "",
-        f"EAGLE-3 over plain: wall {o['wall']}, GPU busy {o['gpu_busy']}. Unprofiled, an EAGLE-3 step lasts "
+        f"EAGLE-3 over plain: wall {round(e['wall_ms'] / p['plain']['wall_ms'], 2)}, GPU busy "
+        f"{round(e['gpu_busy_ms'] / p['plain']['gpu_busy_ms'], 2)}. Unprofiled, an EAGLE-3 step lasts "
         f"{round(e['wall_ms'] - e['gpu_busy_ms'], 3)} ms longer than its kernels; under the profiler its host "
-        f"blocks on the GPU for {e['host_wait_ms']} ms per step. So the GPU waits for the host, not the other way "
-        "round: at 12 layers the step is bound by the host's own work (vLLM's Python around the graphs), and its "
-        "wall ratio measures this host's CPU as much as our kernels. EAGLE-3's largest idle gaps under the "
-        "profiler (which slows the host further), by the kernels around them:",
+        f"blocks on the GPU for {e['host_wait_ms']} ms per step. So at 12 layers the GPU waits for the host (vLLM's "
+        "Python around the graphs), not the other way round: the step follows this host's CPU, which is also what "
+        "the 12-layer spreads above show, where the 24-layer steps (twice the kernels per step) repeat within a few "
+        "percent. EAGLE-3's largest idle gaps under the profiler (which slows the host further), by the kernels "
+        "around them:",
         "",
         "| before the gap | after the gap | gaps per step | ms per step |",
         "|---|---|---|---|",
     ]
-    for g in h["eagle3_idle_gaps"]:
+    for g in p["eagle3_idle_gaps"]:
         lines.append(_row(f"`{g['before']}`", f"`{g['after']}`", g["calls"], g["ms"]))
     return lines + [""]
 
@@ -862,12 +877,12 @@ def report(raw: Path, out: Path, command: str) -> dict:
     s = summarize(runs)
     s["deep"] = deep_summary(_load_leases(raw), s["depth"]["fit"])
     s["backend"] = backend_summary(raw)
-    s["host_bound_12"] = host_bound_summary(raw)
+    s["host_bound"] = host_bound_summary(raw)
     text = markdown(s, runs)
     if s["backend"] is not None:
         text += "\n" + "\n".join(backend_markdown(s["backend"]))
-    if s["host_bound_12"] is not None:
-        text += "\n" + "\n".join(host_bound_markdown(s["host_bound_12"]))
+    if s["host_bound"] is not None:
+        text += "\n" + "\n".join(host_bound_markdown(s["host_bound"]))
     write_text(out / "summary.json", json.dumps(s, indent=1) + "\n")
     write_text(out / "README.md", text + f"\nReport command: `{command}`\n")
     return s

@@ -379,7 +379,8 @@ def run_case(case: dict) -> dict:
         disable_log_stats=False,
         **case.get("llm_kwargs", {}),
     )
-    result = {"case": case, "init_s": round(time.time() - t0, 1)}
+    # engines of one group start together and are measured one at a time (GpuTurn)
+    result = {"case": case, "init_s": round(time.time() - t0, 1), "engines_at_once": int(os.environ["E2E_GROUP_SIZE"])}
     result["impls"] = llm.collective_rpc(_install_counters)[0]
     result["patches"] = llm.collective_rpc(_patch_states)[0]
     if dummy:
@@ -984,6 +985,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dgprof",
         "dgrope",
         "dg12",
+        "dg24",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
@@ -1073,6 +1075,16 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**p12, "name": "dg12prof-plain"},
                 {**p12, "name": "dg12prof-eagle3-k3-ownhead", **own},
             ]
+        if name == "dg24":  # dg12's rounds on the 24-layer slice (one engine at a time)
+            own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}
+            s24 = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
+                   "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            return [
+                {**s24, "name": "dg24-plain"},
+                {**s24, "name": "dg24-eagle3-k3-ownhead", **own},
+                {**s24, "name": "dg24-plain-r2"},
+                {**s24, "name": "dg24-eagle3-k3-ownhead-r2", **own},
+            ]
         if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
             return [
                 {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
@@ -1089,7 +1101,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24"
     )
 
 
