@@ -326,7 +326,10 @@ def host_bound_summary(raw: Path) -> dict | None:
                                  "profiled_wall_ms": pr["wall_ms_per_step"],
                                  "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
                                  "host_wait_ms": pr["host_waits"]["ms_per_step"], "kernels": pr["kernels_per_step"],
-                                 "fused_moe_ms": round(moe, 4), "call": d.name}  # fmt: skip
+                                 "fused_moe_ms": round(moe, 4), "call": d.name,
+                                 # the first dg12 call profiled with Python stacks (an attribution
+                                 # of host waits to frames, since dropped: it found none)
+                                 "python_stacks": bool(r["case"].get("sync_stacks"))}  # fmt: skip
                 prof["eagle3_idle_gaps"] = runs[H12_PROF["eagle3"]]["profile"]["gpu_idle"]["by_neighbours"][:6]
     if not calls:
         return None
@@ -364,7 +367,8 @@ def host_bound_markdown(h: dict) -> list[str]:
     lines += [
         "",
         f"Profiled at 12 layers, 4k (call {e['call']}; in-process engines; wall: one unprofiled 128-token request; "
-        "under torch.profiler with Python stacks: GPU busy = union of kernel intervals, GPU idle = the gaps of at "
+        f"under torch.profiler{' with Python stacks recorded' if e['python_stacks'] else ''}: GPU busy = union of "
+        "kernel intervals, GPU idle = the gaps of at "
         "least 20 µs between kernels (profiler overhead lengthens them), host waits = time in cudaEventSynchronize / "
         "cudaStreamSynchronize / cudaDeviceSynchronize / cudaMemcpy), ms per step:",
         "",

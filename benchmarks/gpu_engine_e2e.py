@@ -459,9 +459,7 @@ def run_case(case: dict) -> dict:
             timed(prompt, 1)
             timed(prompt, GEN)  # warm
             # eager (no CUDA graphs): every kernel has the Python stack that launched it
-            result["profile"] = profile_steps(
-                lambda: timed(prompt, GEN), stacks=not case["graphs"], sync_stacks=case.get("sync_stacks", False)
-            )
+            result["profile"] = profile_steps(lambda: timed(prompt, GEN), stacks=not case["graphs"])
             if case["task"] == "hostprof":
                 wall, d, toks = timed(prompt, GEN)
                 result["wall_ms_per_step"] = round(1000 * wall / (d["drafts"] or (len(toks) - 1)), 3)
@@ -473,19 +471,18 @@ def run_case(case: dict) -> dict:
     return result
 
 
-def profile_steps(run, stacks: bool = False, sync_stacks: bool = False) -> dict:
+def profile_steps(run, stacks: bool = False) -> dict:
     """Wall time vs GPU-busy time per engine step (torch.profiler; the union of kernel
     intervals, so overlapping kernels count once), kernels per step, the top kernels, the
     GPU's idle gaps by the kernels around them, and the host's waits on the GPU.
     ``stacks``: also the Python stacks of the dtype casts and copies with the most device
-    time (only meaningful without CUDA graphs, where every kernel has a launching op).
-    ``sync_stacks``: the vLLM frames under each host wait (Python stacks recorded)."""
+    time (only meaningful without CUDA graphs, where every kernel has a launching op)."""
     import collections
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks or sync_stacks) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
         wall, spec, toks = run()
     steps = spec["drafts"] or (len(toks) - 1)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -512,7 +509,7 @@ def profile_steps(run, stacks: bool = False, sync_stacks: bool = False) -> dict:
     return {
         **extra,
         "gpu_idle": _idle_gaps(kernels, steps),
-        "host_waits": _host_waits(prof, steps, sync_stacks),
+        "host_waits": _host_waits(prof, steps),
         "steps": steps,
         "wall_ms_per_step": round(1000 * wall / steps, 3),
         "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
@@ -569,30 +566,20 @@ def _idle_gaps(kernels, steps: int, min_us: float = 20.0, top: int = 12) -> dict
 HOST_WAITS = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 
 
-def _host_waits(prof, steps: int, stacks: bool, top: int = 12) -> dict:
-    """Host time blocked in CUDA synchronisation per step, by runtime call and (``stacks``)
-    by the innermost vLLM / plugin frames of the op that made it."""
+def _host_waits(prof, steps: int) -> dict:
+    """Host time blocked in CUDA synchronisation per step, by runtime call."""
     import collections
 
     ms, calls = collections.Counter(), collections.Counter()
     for e in prof.events():
-        if e.name not in HOST_WAITS:
-            continue
-        where = ()
-        if stacks:
-            op = e
-            while op is not None and not op.stack:
-                op = op.cpu_parent
-            frames = [f for f in (op.stack if op is not None else []) if "vllm" in f and "torch/" not in f]
-            where = tuple(f.split("site-packages/")[-1].split("/site/")[-1] for f in frames[:3])
-        key = (e.name, where)
-        ms[key] += e.time_range.end - e.time_range.start
-        calls[key] += 1
+        if e.name in HOST_WAITS:
+            ms[e.name] += e.time_range.end - e.time_range.start
+            calls[e.name] += 1
     return {
         "ms_per_step": round(sum(ms.values()) / 1000 / steps, 3),
         "by_call": [
-            {"call": k[0], "stack": list(k[1]), "calls": round(calls[k] / steps, 2), "ms": round(v / 1000 / steps, 4)}
-            for k, v in ms.most_common(top)
+            {"call": k, "calls": round(calls[k] / steps, 2), "ms": round(v / 1000 / steps, 4)}
+            for k, v in ms.most_common()
         ],
     }
 
@@ -1066,14 +1053,13 @@ def suite(name: str, models: Path) -> list[dict]:
         if name == "dg12":  # the 12-layer slice with the TP-8 drafter's own head, twice; then profiled
             own = {"spec": e3("slice-draft-tp8"), "draft_graph": True, "draft_head": "own"}
             s12 = {**base, "backend": "ours", "contexts": [4096, 32768], "max_model_len": 32768 + 512}
-            p12 = {**prof, "sync_stacks": True}
             return [
                 {**s12, "name": "dg12-plain"},
                 {**s12, "name": "dg12-eagle3-k3-ownhead", **own},
                 {**s12, "name": "dg12-plain-r2"},
                 {**s12, "name": "dg12-eagle3-k3-ownhead-r2", **own},
-                {**p12, "name": "dg12prof-plain"},
-                {**p12, "name": "dg12prof-eagle3-k3-ownhead", **own},
+                {**prof, "name": "dg12prof-plain"},
+                {**prof, "name": "dg12prof-eagle3-k3-ownhead", **own},
             ]
         if name == "dg24":  # dg12's rounds on the 24-layer slice (one engine at a time)
             own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}

@@ -86,3 +86,36 @@ def test_deep_ratios_are_over_the_same_calls_plain_case():
     assert d["fit_at_24"] == {"plain": 2.5, "eagle3": 5.8}
     # the first round (graph capture) never counts; 0.7 / 0.5 does
     assert [(n["lease"], n["case"]) for n in d["noisy_rounds"]] == [("lease2", "e3")]
+
+
+def test_idle_gaps_and_host_waits_on_known_events():
+    """Kernels at [0,10] [5,50] [20,30] [100,110] [200,205] [217,220] µs: gaps of 50 µs (after the
+    kernel that ended last, not the one that started last) and 90 µs; 12 µs is below the floor.
+    Host waits: only the CUDA sync calls count."""
+    from types import SimpleNamespace
+
+    import gpu_engine_e2e as e2e
+
+    def ev(name, a, b):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=a, end=b))
+
+    kernels = [
+        ev("k1", 0, 10),
+        ev("k2", 5, 50),
+        ev("k2b", 20, 30),
+        ev("k3", 100, 110),
+        ev("k4", 200, 205),
+        ev("k5", 217, 220),
+    ]
+    g = e2e._idle_gaps(kernels, steps=2)
+    assert g["ms_per_step"] == 0.07 and g["gaps_per_step"] == 1.0
+    assert [(x["before"], x["after"], x["ms"]) for x in g["by_neighbours"]] == [
+        ("k3", "k4", 0.045),
+        ("k2", "k3", 0.025),
+    ]
+    prof = SimpleNamespace(events=lambda: [ev("cudaEventSynchronize", 0, 30), ev("cudaLaunchKernel", 0, 500),
+                                           ev("cudaMemcpy", 40, 50), ev("cudaEventSynchronize", 60, 70)])  # fmt: skip
+    w = e2e._host_waits(prof, steps=2)
+    assert w["ms_per_step"] == 0.025
+    assert w["by_call"] == [{"call": "cudaEventSynchronize", "calls": 1.0, "ms": 0.02},
+                            {"call": "cudaMemcpy", "calls": 0.5, "ms": 0.005}]  # fmt: skip
