@@ -1,7 +1,7 @@
 """Report of the draft-step measurements on the H200 (vLLM 0.20, gpu_engine_e2e.py suites
 hostprof, dgtiny, dgslice, dgmoe, dgprof, dgrope, dgdepth, dgdepthprof, dgdeep with one folder of raw
-cases per device call under raw/dgdeep/, dgbackend under raw/dgbackend/, dg12 and dg24 with one
-folder per device call under raw/dg12/ and raw/dg24/):
+cases per device call under raw/dgdeep/, dgbackend under raw/dgbackend/, dg12, dg24 and dg24stock with
+one folder per device call under raw/dg12/, raw/dg24/ and raw/dg24stock/):
 README.md + summary.json from the raw case files.
 
     python benchmarks/draft_step_report.py benchmarks/results/draft_step_h200/raw \\
@@ -68,6 +68,18 @@ BACKEND_PATCHES = ("draft-attention-triton", "draft-step-graph", "deepseek-eagle
 HOST_BOUND_DIRS = {"dg12": 12, "dg24": 24}
 HOST_BOUND_ROUNDS = {"round 1": ("plain", "eagle3-k3-ownhead"), "round 2": ("plain-r2", "eagle3-k3-ownhead-r2")}
 H12_PROF = {"plain": "dg12prof-plain", "eagle3": "dg12prof-eagle3-k3-ownhead"}
+#: suite dg24stock: stock vLLM 0.20 (none of our GPU patches) against every patch of ours on the
+#: 24-layer slice, request-timed steps per device call, one call profiled
+STOCK24_DIR = "dg24stock"
+STOCK24 = {("ours", "plain"): "ours-plain", ("ours", "eagle3"): "ours-eagle3-k3-ownhead",
+           ("stock", "plain"): "stock-plain", ("stock", "eagle3"): "stock-eagle3-k3-ownhead"}  # fmt: skip
+#: kernels of a step by role (names as the profiler gives them; matched by substring)
+KERNEL_ROLES = {
+    "MoE experts": ("fused_moe_kernel",),
+    "target attention, decode kernels": ("mla_decode_split", "mla_decode_reduce", "_fwd_grouped_kernel_stage"),
+    "target attention, prefill path (verify)": ("FlashAttnFwd", "gather_and_maybe_dequant_cache", "merge_attn_states"),
+    "drafter attention": ("kernel_unified_attention",),
+}
 
 
 def depth_fit(runs: dict[str, dict]) -> dict:
@@ -334,6 +346,116 @@ def host_bound_summary(raw: Path) -> dict | None:
     if not calls:
         return None
     return {"rounds": calls, "profiled_12": prof, "dates": [min(dates), max(dates)]}
+
+
+def _roles(profile: dict) -> dict[str, float]:
+    """ms per step of the step's heaviest kernels (the profile keeps 20) by KERNEL_ROLES."""
+    out = {role: 0.0 for role in KERNEL_ROLES}
+    for k in profile["kernels_full_names"]:
+        for role, names in KERNEL_ROLES.items():
+            if any(n in k["kernel"] for n in names):
+                out[role] += k["ms"]
+    return {role: round(ms, 4) for role, ms in out.items()}
+
+
+def stock24_summary(raw: Path) -> dict | None:
+    """Suite dg24stock: per device call the request-timed steps of stock and ours, plain and
+    EAGLE-3, at each context (with the spread of the long requests); the profiled call: per
+    step wall, GPU busy, GPU idle, host waits, kernels and the kernels by role."""
+    calls, prof, dates = [], None, []
+    for d in sorted(p for p in (raw / STOCK24_DIR).glob("*") if p.is_dir()):
+        runs = _load(d)
+        dates += [r["date"] for r in runs.values()]
+        if f"dg24s-{STOCK24['ours', 'plain']}" in runs:
+            ctx = {}
+            for c in runs[f"dg24s-{STOCK24['ours', 'plain']}"]["contexts"]:
+                x = {f"{b}_{m}_ms": runs[f"dg24s-{n}"]["contexts"][c]["step_ms"] for (b, m), n in STOCK24.items()}
+                x.update({f"{b}_{m}_spread": _request_spread(runs[f"dg24s-{n}"]["contexts"][c])
+                          for (b, m), n in STOCK24.items()})  # fmt: skip
+                for b in ("ours", "stock"):
+                    x[f"{b}_ratio"] = round(x[f"{b}_eagle3_ms"] / x[f"{b}_plain_ms"], 2)
+                for m in ("plain", "eagle3"):
+                    x[f"speedup_{m}"] = round(x[f"stock_{m}_ms"] / x[f"ours_{m}_ms"], 2)
+                ctx[c] = x
+            calls.append({"call": d.name, "contexts": ctx})
+        if f"dg24sprof-{STOCK24['ours', 'plain']}" in runs:
+            prof = {"call": d.name}
+            for (b, m), n in STOCK24.items():
+                r = runs[f"dg24sprof-{n}"]
+                pr = r["profile"]
+                prof[f"{b}_{m}"] = {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
+                                    "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
+                                    "host_wait_ms": pr["host_waits"]["ms_per_step"],
+                                    "kernels": pr["kernels_per_step"], "roles": _roles(pr)}  # fmt: skip
+    if not calls:
+        return None
+    return {"calls": calls, "profiled": prof, "dates": [min(dates), max(dates)]}
+
+
+def stock24_markdown(h: dict) -> list[str]:
+    ctxs = list(h["calls"][0]["contexts"])
+    lines = [
+        "## Before and after on the 24-layer slice: stock vLLM 0.20 against every patch of ours (suite dg24stock)",
+        "",
+        f"Raw cases {h['dates'][0]} … {h['dates'][1]}, one folder per device call. Stock: vLLM 0.20 with none "
+        "of our GPU patches (its TRITON_MLA backend, PIECEWISE graphs: that backend supports no full graph; the "
+        "stock drafter passes; unsorted MoE; the model-support patches K2.5 needs stay on); ours: every patch. "
+        "The drafter at K2.5's TP-8 share with its own 4,000-row head, dummy weights (no draft accepted), one "
+        "engine at a time. Request-timed steps (multiprocess engines), ms per step; spread: slowest over fastest "
+        "128-token request after the first round:",
+        "",
+        "| call | context | ours plain | ours EAGLE-3 | ours t_spec/t_plain | stock plain | stock EAGLE-3 "
+        "| stock t_spec/t_plain | stock / ours, plain | stock / ours, EAGLE-3 | spread ours plain / EAGLE-3 "
+        "| spread stock plain / EAGLE-3 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for call in h["calls"]:
+        for c in ctxs:
+            x = call["contexts"][c]
+            lines.append(_row(call["call"], f"{int(c) // 1024}k", x["ours_plain_ms"], x["ours_eagle3_ms"],
+                              f"**{x['ours_ratio']}**", x["stock_plain_ms"], x["stock_eagle3_ms"],
+                              x["stock_ratio"], x["speedup_plain"], x["speedup_eagle3"],
+                              f"{x['ours_plain_spread']} / {x['ours_eagle3_spread']}",
+                              f"{x['stock_plain_spread']} / {x['stock_eagle3_spread']}"))  # fmt: skip
+    p = h["profiled"]
+    if p is None:
+        return lines + [""]
+    roles = list(KERNEL_ROLES)
+    lines += [
+        "",
+        f"Per-step breakdown, 4k (call {p['call']}; in-process engines; wall: one unprofiled 128-token request; "
+        "under torch.profiler: GPU busy = union of kernel intervals, GPU idle = gaps of at least 20 µs between "
+        "kernels, host waits = host time blocked in CUDA synchronisation; kernels by role among each step's 20 "
+        "heaviest kernels, ms per step):",
+        "",
+        "| backend | mode | wall | GPU busy | wall - GPU busy | GPU idle (profiled) | host waits on the GPU "
+        "| kernels | " + " | ".join(roles) + " |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(roles),
+    ]
+    for b in ("stock", "ours"):
+        for m, label in (("plain", "plain"), ("eagle3", "EAGLE-3 k=3")):
+            r = p[f"{b}_{m}"]
+            lines.append(_row(b, label, r["wall_ms"], r["gpu_busy_ms"], round(r["wall_ms"] - r["gpu_busy_ms"], 3),
+                              r["gpu_idle_ms"], r["host_wait_ms"], r["kernels"],
+                              *(r["roles"][k] or "-" for k in roles)))  # fmt: skip
+    so, oo = p["stock_eagle3"], p["ours_eagle3"]
+    lines += [
+        "",
+        f"EAGLE-3 over plain, profiled call: wall stock {round(so['wall_ms'] / p['stock_plain']['wall_ms'], 2)}, "
+        f"ours {round(oo['wall_ms'] / p['ours_plain']['wall_ms'], 2)}; GPU busy stock "
+        f"{round(so['gpu_busy_ms'] / p['stock_plain']['gpu_busy_ms'], 2)}, ours "
+        f"{round(oo['gpu_busy_ms'] / p['ours_plain']['gpu_busy_ms'], 2)}. Which side waits, EAGLE-3 step: stock "
+        f"{_waits_for(so)}, ours {_waits_for(oo)}. '-': no kernel of that role among the step's 20 heaviest.",
+        "",
+    ]
+    return lines
+
+
+def _waits_for(r: dict) -> str:
+    """The GPU waits for the host when its idle gaps outweigh the host's blocking on it."""
+    if r["gpu_idle_ms"] > r["host_wait_ms"]:
+        return f"the GPU waits for the host (idle {r['gpu_idle_ms']} ms, host blocked {r['host_wait_ms']} ms)"
+    return f"the host waits for the GPU (blocked {r['host_wait_ms']} ms, GPU idle {r['gpu_idle_ms']} ms)"
 
 
 def host_bound_markdown(h: dict) -> list[str]:
@@ -882,11 +1004,14 @@ def report(raw: Path, out: Path, command: str) -> dict:
     s["deep"] = deep_summary(_load_leases(raw), s["depth"]["fit"])
     s["backend"] = backend_summary(raw)
     s["host_bound"] = host_bound_summary(raw)
+    s["stock24"] = stock24_summary(raw)
     text = markdown(s, runs)
     if s["backend"] is not None:
         text += "\n" + "\n".join(backend_markdown(s["backend"]))
     if s["host_bound"] is not None:
         text += "\n" + "\n".join(host_bound_markdown(s["host_bound"]))
+    if s["stock24"] is not None:
+        text += "\n" + "\n".join(stock24_markdown(s["stock24"]))
     write_text(out / "summary.json", json.dumps(s, indent=1) + "\n")
     write_text(out / "README.md", text + f"\nReport command: `{command}`\n")
     return s

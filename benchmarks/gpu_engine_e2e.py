@@ -973,6 +973,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dgrope",
         "dg12",
         "dg24",
+        "dg24stock",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
@@ -1071,6 +1072,22 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**s24, "name": "dg24-plain-r2"},
                 {**s24, "name": "dg24-eagle3-k3-ownhead-r2", **own},
             ]
+        if name == "dg24stock":  # stock vLLM vs every patch, 24 layers (steps / profiled: one call each, ONLY)
+            own = {"spec": e3("slice24-draft-tp8"), "draft_head": "own"}
+            s24 = {**base, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
+                   "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            p24 = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
+            return [
+                {**s24, "name": "dg24s-ours-plain", "backend": "ours"},
+                {**s24, "name": "dg24s-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
+                {**s24, "name": "dg24s-stock-plain", "backend": "stock"},
+                {**s24, "name": "dg24s-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
+                {**p24, "name": "dg24sprof-ours-plain", "backend": "ours"},
+                {**p24, "name": "dg24sprof-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
+                {**p24, "name": "dg24sprof-stock-plain", "backend": "stock"},
+                {**p24, "name": "dg24sprof-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False,
+                 **own},
+            ]  # fmt: skip
         if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
             return [
                 {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
@@ -1087,7 +1104,7 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24, dg24stock"
     )
 
 
@@ -1155,7 +1172,9 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
     env.update(case.get("env", {}))
     off = list(case.get("disable", []))
     if case["backend"] == "stock":
-        off += ["triton-mla-k2-decode", "draft-step-graph", DRAFTER_TRITON, PREFILL_AS_DECODE, MOE_SORTED]
+        # every patch of ours that changes what the GPU runs (the model-support ones stay: K2.5 needs them)
+        off += ["triton-mla-k2-decode", "draft-step-graph", DRAFTER_TRITON, PREFILL_AS_DECODE, MOE_SORTED,
+                DRAFT_SEGMENTS, ROPE_FLOAT32]  # fmt: skip
     if off:
         env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:

@@ -119,3 +119,46 @@ def test_idle_gaps_and_host_waits_on_known_events():
     assert w["ms_per_step"] == 0.025
     assert w["by_call"] == [{"call": "cudaEventSynchronize", "calls": 1.0, "ms": 0.02},
                             {"call": "cudaMemcpy", "calls": 0.5, "ms": 0.005}]  # fmt: skip
+
+
+def test_stock_against_ours_reads_each_call_and_sorts_kernels_by_role(tmp_path):
+    """dg24stock: ratios and speed-ups within one call, kernels summed by role (a kernel of no
+    role counts nowhere), and which side of the step waits follows the profile."""
+    r = draft_step_report
+
+    def steps(name, ms):
+        ctx = {"4096": {"step_ms": ms, "request_s": {"1": [0.1] * 3, "129": [1.0, 0.5, 0.6]}}}
+        return {"case": {"name": name}, "date": "2026-12-03T00:00", "contexts": ctx}
+
+    def prof(name, wall, busy, idle, wait, kernels):
+        profile = {"gpu_busy_ms_per_step": busy, "gpu_idle": {"ms_per_step": idle},
+                   "host_waits": {"ms_per_step": wait}, "kernels_per_step": 10.0,
+                   "kernels_full_names": [{"kernel": k, "ms": ms} for k, ms in kernels]}  # fmt: skip
+        return {"case": {"name": name}, "date": "2026-12-03T00:01", "wall_ms_per_step": wall, "profile": profile}
+
+    ms = {("ours", "plain"): 2.0, ("ours", "eagle3"): 3.0, ("stock", "plain"): 8.0, ("stock", "eagle3"): 24.0}
+    call = tmp_path / r.STOCK24_DIR / "call"
+    call.mkdir(parents=True)
+    for key, n in r.STOCK24.items():
+        (call / f"dg24s-{n}.json").write_text(json.dumps(steps(f"dg24s-{n}", ms[key])))
+        kernels = [
+            ("fused_moe_kernel", 1.0),
+            ("mla_decode_split", 0.25),
+            ("mla_decode_reduce", 0.5),
+            ("_fwd_grouped_kernel_stage1", 2.0),
+            ("kernel_unified_attention", 0.125),
+            ("nvjet_gemm", 4.0),
+        ]
+        idle, wait = (5.0, 0.0) if key[0] == "stock" else (0.0, 1.0)
+        (call / f"dg24sprof-{n}.json").write_text(
+            json.dumps(prof(f"dg24sprof-{n}", 2 * ms[key], ms[key], idle, wait, kernels))
+        )
+    s = r.stock24_summary(tmp_path)
+    x = s["calls"][0]["contexts"]["4096"]
+    assert (x["ours_ratio"], x["stock_ratio"], x["speedup_plain"], x["speedup_eagle3"]) == (1.5, 3.0, 4.0, 8.0)
+    assert x["ours_plain_spread"] == 1.2
+    roles = s["profiled"]["ours_eagle3"]["roles"]
+    assert roles == {"MoE experts": 1.0, "target attention, decode kernels": 2.75,
+                     "target attention, prefill path (verify)": 0.0, "drafter attention": 0.125}  # fmt: skip
+    text = "\n".join(r.stock24_markdown(s))
+    assert "stock the GPU waits for the host" in text and "ours the host waits for the GPU" in text
