@@ -1,9 +1,9 @@
 """Register the Kimi-K2.5 EAGLE-3 speculator class with vLLM's ModelRegistry.
 
 ``Eagle3KimiK25ForCausalLM`` is the architecture name our exports carry. On vLLM
-0.16 it is our class (k2p_eagle3_draft); where upstream's Llama EAGLE-3 class
-already does what ours adds (vLLM >= 0.18: target hidden size from text_config,
-nested aux ids, AutoWeightsLoader), the name points at upstream's class. The stock
+0.16 and 0.20 it is our class (k2p_eagle3_draft); where upstream's Llama EAGLE-3 class
+already does what ours adds (0.32: target hidden size from text_config, nested aux
+ids, AutoWeightsLoader), the name points at upstream's class. The stock
 names ``LlamaForCausalLMEagle3`` / ``Eagle3LlamaForCausalLM`` (legacy and
 speculators checkpoints) are routed to our class on 0.16 too: it is a strict
 superset of the stock class, so other Llama EAGLE-3 drafters load as before.
@@ -32,9 +32,9 @@ def _upstream_class_is_enough() -> bool:
     feature="eagle3",
     target="vllm.model_executor.models.registry:ModelRegistry",
     applies_to=">=0.16",
-    upstream="none: names our drafter class; upstream's Llama EAGLE-3 class covers it from 0.18",
+    upstream="none: names our drafter class; upstream's Llama EAGLE-3 class covers it in 0.32 (not 0.20)",
     why="0.16's Llama EAGLE-3 class ignores the target's text_config hidden size and loads bad d2t silently",
-    remove_when="minimum supported vLLM >= 0.18 (keep the alias for exported checkpoints)",
+    remove_when="the minimum supported vLLM is one whose class is enough (0.32 is; keep the alias for exports)",
 )
 def _apply(ctx: PatchContext) -> None:
     registry = ctx.target()
