@@ -304,6 +304,14 @@ def backend_markdown(b: dict) -> list[str]:
     return lines
 
 
+def _step_profile(r: dict) -> dict:
+    """Per step of a profiled case: unprofiled wall, GPU busy, GPU idle gaps, host waits, kernels."""
+    pr = r["profile"]
+    return {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
+            "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"], "host_wait_ms": pr["host_waits"]["ms_per_step"],
+            "kernels": pr["kernels_per_step"]}  # fmt: skip
+
+
 def _request_spread(r: dict) -> float:
     """Slowest over fastest long request of a context after the first (warm-up) round."""
     t = r["request_s"][str(e2e.GEN)][1:]
@@ -334,10 +342,7 @@ def host_bound_summary(raw: Path) -> dict | None:
                 for key, name in H12_PROF.items():
                     r, pr = runs[name], runs[name]["profile"]
                     moe = sum(k["ms"] for k in pr["kernels_full_names"] if k["kernel"] == "fused_moe_kernel")
-                    prof[key] = {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
-                                 "profiled_wall_ms": pr["wall_ms_per_step"],
-                                 "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
-                                 "host_wait_ms": pr["host_waits"]["ms_per_step"], "kernels": pr["kernels_per_step"],
+                    prof[key] = {**_step_profile(r), "profiled_wall_ms": pr["wall_ms_per_step"],
                                  "fused_moe_ms": round(moe, 4), "call": d.name,
                                  # the first dg12 call profiled with Python stacks (an attribution
                                  # of host waits to frames, since dropped: it found none)
@@ -382,11 +387,7 @@ def stock24_summary(raw: Path) -> dict | None:
             prof = {"call": d.name}
             for (b, m), n in STOCK24.items():
                 r = runs[f"dg24sprof-{n}"]
-                pr = r["profile"]
-                prof[f"{b}_{m}"] = {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
-                                    "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
-                                    "host_wait_ms": pr["host_waits"]["ms_per_step"],
-                                    "kernels": pr["kernels_per_step"], "roles": _roles(pr)}  # fmt: skip
+                prof[f"{b}_{m}"] = {**_step_profile(r), "roles": _roles(r["profile"])}
     if not calls:
         return None
     return {"calls": calls, "profiled": prof, "dates": [min(dates), max(dates)]}
