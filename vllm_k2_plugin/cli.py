@@ -10,6 +10,11 @@ import time
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.comm:
+        from .comm.doctor import report as comm_report
+
+        print(comm_report(args.tp))
+        return 0
     from .doctor import collect, render
 
     report = collect()
@@ -213,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="versions, GPU, and the state of every patch")
     d.add_argument("--json", action="store_true")
     d.add_argument("--strict", action="store_true", help="exit 1 if any patch failed")
+    d.add_argument("--comm", action="store_true", help="tensor-parallel all-reduce: P2P, NUMA, NCCL, measured paths")
+    d.add_argument("--tp", type=int, help="with --comm: ranks to measure across (default: every visible GPU)")
     d.set_defaults(func=_doctor)
 
     pa = sub.add_parser("patches", help="the patch registry")

@@ -31,6 +31,10 @@ ENV_DRAFT_GRAPH = "VLLM_K2_DRAFT_GRAPH"
 
 #: GGUF force-dequant globs (or "all"); --model-loader-extra-config takes precedence.
 ENV_GGUF_FORCE_DEQUANT = "VLLM_K2_GGUF_FORCE_DEQUANT"
+#: 0 = tensor-parallel all-reduce stays on NCCL for > 2 PCIe GPUs (patch tp-pcie-oneshot-allreduce)
+ENV_PCIE_ALLREDUCE = "VLLM_K2_PCIE_ALLREDUCE"
+#: where the plugin keeps what it measured (e.g. the last all-reduce selection)
+ENV_CACHE = "VLLM_K2_CACHE"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -42,6 +46,19 @@ def _flag(name: str) -> bool:
 def _csv(name: str) -> frozenset[str]:
     raw = os.environ.get(name, "")
     return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def cache_dir() -> str:
+    return os.environ.get(ENV_CACHE) or os.path.expanduser("~/.cache/vllm-k2-plugin")
+
+
+def pcie_allreduce_enabled() -> bool:
+    raw = os.environ.get(ENV_PCIE_ALLREDUCE, "1").strip().lower()
+    if raw in {"1", "true", "yes", "on", "auto", ""}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{ENV_PCIE_ALLREDUCE}={raw!r}: expected 1 or 0 (or unset)")
 
 
 def spec_guard_enabled() -> bool:
@@ -89,5 +106,7 @@ DOCUMENTED = (
     (ENV_TRACE_DIR, "directory for one JSON record per process that loaded the plugin"),
     (ENV_GGUF_FORCE_DEQUANT, "GGUF tensors to dequantize at load: globs or 'all'"),
     (ENV_DRAFT_GRAPH, "0 = drafter passes on vLLM's piecewise graphs (default: one graph per decode step)"),
+    (ENV_PCIE_ALLREDUCE, "0 = TP all-reduce on > 2 PCIe GPUs stays on NCCL (default: one-shot where measured faster)"),
+    (ENV_CACHE, "folder for what the plugin measured (default ~/.cache/vllm-k2-plugin)"),
     (ENV_SPEC_GUARD, "0 = speculate with the configured k at every step (default: the guard picks k, 0 = off)"),
 )

@@ -1,0 +1,144 @@
+"""``vllm-k2 doctor --comm [--tp N]``: can this node's GPUs all-reduce fast for tensor
+parallelism? Per GPU pair the P2P status and link (NVML), each GPU's NUMA node, the NCCL
+settings in effect with what to change, the last engine's start-up selection, and,
+with two GPUs or more, the start-up check itself run across N local GPUs through vLLM's
+own distributed init (so the row it prints is the one an engine would choose).
+"""
+
+from __future__ import annotations
+
+import os
+
+#: NCCL variables that decide small all-reduces over PCIe (../shared/research/pcie-allreduce.md).
+NCCL_VARS = ("NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_ALGO", "NCCL_GRAPH_FILE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
+             "NCCL_NVLS_ENABLE", "NCCL_IB_DISABLE")  # fmt: skip
+ADVICE = (
+    "untuned NCCL over PCIe was published at ~45-56 us for 4-16 KiB on 8 GPUs and ~20-26 us tuned: "
+    "try NCCL_P2P_LEVEL=SYS NCCL_PROTO=LL (or an NCCL_GRAPH_FILE for your topology), then compare the rows below"
+)
+
+
+def topology() -> dict:
+    """NVML: GPUs, their NUMA nodes, and per pair the P2P read status and common ancestor."""
+    try:
+        import pynvml
+    except ImportError:
+        from vllm.third_party import pynvml  # the copy vLLM ships
+
+    pynvml.nvmlInit()
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        gpus = []
+        for i, h in enumerate(handles):
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            bus = bus.decode() if isinstance(bus, bytes) else bus
+            gpus.append({"index": i, "name": pynvml.nvmlDeviceGetName(h), "bus": bus, "numa": _numa_node(bus)})
+        levels = {v: k for k, v in vars(pynvml).items() if k.startswith("NVML_TOPOLOGY_")}
+        pairs = []
+        for i in range(n):
+            for j in range(i + 1, n):
+                p2p = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_READ)
+                link = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                nvlink = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                pairs.append({"pair": (i, j), "p2p_read": p2p == pynvml.NVML_P2P_STATUS_OK,
+                              "nvlink": nvlink == pynvml.NVML_P2P_STATUS_OK,
+                              "link": levels.get(link, str(link)).removeprefix("NVML_TOPOLOGY_")})  # fmt: skip
+        return {"gpus": gpus, "pairs": pairs}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _numa_node(bus_id: str) -> int | None:
+    path = f"/sys/bus/pci/devices/{bus_id.lower()[-12:]}/numa_node"
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _measure_worker(rank: int, world: int, port: int, queue) -> None:
+    """One TP rank through vLLM's own init: CudaCommunicator runs the patched start-up check."""
+    import torch
+
+    import vllm_k2_plugin
+
+    vllm_k2_plugin.register()
+    torch.cuda.set_device(rank)
+    from vllm.distributed.parallel_state import (
+        get_tp_group,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "nccl")
+    initialize_model_parallel(tensor_model_parallel_size=world)
+    from .patch import STATE
+
+    ca = get_tp_group().device_communicator.ca_comm
+    state = ca.__dict__.get(STATE) if ca is not None else None
+    if rank == 0:
+        if state is None:
+            queue.put("vLLM's own choice stands (2 ranks, NVLink, or its custom all-reduce refused these GPUs)")
+        elif state.selection is None:
+            queue.put(f"stays on NCCL: {state.refused}")
+        else:
+            queue.put(state.selection.table())
+
+
+def measure(tp: int) -> str:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_measure_worker, args=(tp, port, queue), nprocs=tp, join=True, start_method="spawn")
+    return queue.get(timeout=5)
+
+
+def report(tp: int | None) -> str:
+    from .selection import read_record
+
+    lines = ["vllm-k2 doctor --comm", ""]
+    try:
+        topo = topology()
+    except Exception as e:  # noqa: BLE001 - no NVML (no NVIDIA driver): say so, go on
+        topo = None
+        lines.append(f"NVML: unavailable ({type(e).__name__}: {e})")
+    if topo is not None:
+        for g in topo["gpus"]:
+            lines.append(f"GPU {g['index']}: {g['name']} bus {g['bus']} NUMA node {g['numa']}")
+        for p in topo["pairs"]:
+            i, j = p["pair"]
+            lines.append(f"  {i}<->{j}: P2P read {'yes' if p['p2p_read'] else 'NO'}, "
+                         f"NVLink {'yes' if p['nvlink'] else 'no'}, common ancestor {p['link']}")  # fmt: skip
+        if any(not p["p2p_read"] for p in topo["pairs"]):
+            lines.append("  a pair without P2P: the one-shot all-reduce cannot run; engines stay on NCCL")
+    lines.append("")
+    lines.append(
+        "NCCL settings: " + (", ".join(f"{v}={os.environ[v]}" for v in NCCL_VARS if v in os.environ) or "none set")
+    )
+    if not any(v in os.environ for v in ("NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_GRAPH_FILE")):
+        lines.append(f"  {ADVICE}")
+    record = read_record()
+    lines.append("")
+    lines.append(
+        f"last engine start-up selection ({record['date']}, vLLM {record['vllm']}): "
+        + ", ".join(f"{int(k) // 1024} KiB -> {v}" for k, v in record["chosen"].items())
+        if record
+        else "last engine start-up selection: none recorded (no TP > 2 engine on GPUs without NVLink has started here)"
+    )
+    gpus = len(topo["gpus"]) if topo else 0
+    want = tp or gpus
+    if want < 2 or gpus < want:
+        lines.append(f"all-reduce latency: not measured ({gpus} GPU(s) visible, TP {want} asked): "
+                     "NCCL, P2P and the one-shot kernel need two GPUs or more")  # fmt: skip
+    else:
+        lines.append(f"all-reduce at K2.5's sizes across {want} GPUs, start-up check as an engine runs it "
+                     f"(µs per all-reduce in a CUDA graph, slowest rank): {measure(want)}")  # fmt: skip
+    return "\n".join(lines)
