@@ -1,5 +1,6 @@
-"""The vllm-0.32.0 series (CPU fixes that still apply on the latest engine): applies
-to the installed package, reverts byte-identically, and equals its runtime twins."""
+"""The vllm-0.32.0 series (CPU fixes, and the GPU runtime patches staged for upstream,
+that still apply on the latest engine): applies to the installed package, reverts
+byte-identically, and equals its runtime twins; the GPU files flip their twins' probes."""
 
 from __future__ import annotations
 
@@ -17,20 +18,76 @@ from vllm_k2_plugin.patching import files
 from .conftest import REPO, engine_env
 
 pytestmark = pytest.mark.vllm_latest
-TWINS = "cpu-rope-3d-query,cpu-kernel-rebind-scan"
+CPU_TWINS = ("cpu-rope-3d-query", "cpu-kernel-rebind-scan")
+#: GPU runtime patches staged as 0003/0004: their files must make the twins' own
+#: upstream probes answer True (the twins then retire).
+GPU_TWINS = ("rope-float32-cache", "moe-group-tokens-by-expert")
+TWINS = ",".join(CPU_TWINS + GPU_TWINS)
 PROBE = r"""
 import json
 from vllm.plugins import load_general_plugins
 load_general_plugins()
+import torch
 import vllm
+from vllm import _custom_ops as ops
+from vllm.model_executor.layers.fused_moe import fused_moe
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.triton_utils import dispatcher
 from vllm_k2_plugin.cpu.kernel_rebind import _scan_survives_opaque_dict
 from vllm_k2_plugin.cpu.rope_inplace import _rotates_like_reference
+from vllm_k2_plugin.moe_verify.patch import _upstream_sorts_small_batches
+from vllm_k2_plugin.patching import REGISTRY
+from vllm_k2_plugin.rope_cache.patch import _upstream_hands_float_cache
+
+
+def moe_assignment():
+    # per batch size (top 8 of 384 experts): the naive path, or the sort (a recorder here)
+    sort, out = fused_moe.moe_align_block_size, []
+    fused_moe.moe_align_block_size = lambda *a, **kw: ("sorted", None, None)
+    try:
+        for n in (1, 2, 4, 12, 13):
+            ids = torch.arange(n * 8, dtype=torch.int32).view(n, 8) % 384
+            first = fused_moe._prepare_expert_assignment(
+                ids, {"BLOCK_SIZE_M": 16}, n, 8, 384, None, ignore_invalid_experts=True
+            )[0]
+            out.append("naive" if first is None else first)
+    finally:
+        fused_moe.moe_align_block_size = sort
+    return out
+
+
+def rope_cache_handed():
+    # two forward_cuda calls on a bf16 cache, the op a recorder: the cache it gets
+    m = RotaryEmbedding.__new__(RotaryEmbedding)
+    torch.nn.Module.__init__(m)
+    m.head_size, m.rotary_dim, m.is_neox_style, m.use_flashinfer = 8, 8, True, False
+    cache = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    m.register_buffer("cos_sin_cache", cache, persistent=False)
+    stock, seen = ops.rotary_embedding, []
+    ops.rotary_embedding = lambda positions, q, k, head, c, neox, *a: seen.append(c)
+    try:
+        for _ in range(2):
+            q = torch.zeros(2, 8, dtype=torch.bfloat16)
+            RotaryEmbedding.forward_cuda(m, torch.tensor([0, 3]), q, q.clone())
+    finally:
+        ops.rotary_embedding = stock
+    return {
+        "dtype": str(seen[0].dtype),
+        "made_once": seen[0] is seen[1],
+        "same_values": torch.equal(seen[0].float(), cache.float()),
+    }
+
+
 print(json.dumps({
     "vllm_from": vllm.__file__,
+    "cuda": torch.cuda.is_available(),
     "cpu_rope": _rotates_like_reference(RotaryEmbedding.forward_cpu),
     "kernel_scan": _scan_survives_opaque_dict(dispatcher._rebind_kernels),
+    "rope_float32_cache": _upstream_hands_float_cache(),
+    "moe_sorts_batches": _upstream_sorts_small_batches(),
+    "moe_assignment": moe_assignment(),
+    "rope_cache_handed": rope_cache_handed(),
+    "states": {p.name: p.state.value for p in REGISTRY},
 }))
 """
 
@@ -74,14 +131,41 @@ def test_apply_check_revert_on_installed_copy(patched_site, tmp_path):
     assert {rel: (tree / rel).read_bytes() for rel in touched} == before
 
 
+def test_series_covers_the_gpu_patches():
+    series = {p.name: p for p in files.load_series("0.32.0")}
+    assert list(series)[2:] == ["0003-rope-float32-cache.patch", "0004-moe-group-tokens-by-expert.patch"]
+    for name, twin in zip(list(series)[2:], GPU_TWINS, strict=True):
+        assert series[name].header["Runtime twin"].startswith(twin + " ")
+        assert {"Title", "Why", "Changes", "Upstream", "Remove when"} <= set(series[name].header)
+
+
 def test_patch_files_equal_their_runtime_twins(patched_site):
     assert _cli("apply", "--vllm-root", str(patched_site / "vllm")).returncode == 0
+    patched_path = os.pathsep.join([str(patched_site), str(REPO)])
     runtime = _probe(engine_env())
-    files_only = _probe(
-        engine_env(PYTHONPATH=os.pathsep.join([str(patched_site), str(REPO)]), VLLM_K2_DISABLE_PATCHES=TWINS)
-    )
+    files_only = _probe(engine_env(PYTHONPATH=patched_path, VLLM_K2_DISABLE_PATCHES=TWINS))
+    files_and_twins = _probe(engine_env(PYTHONPATH=patched_path))
     stock = _probe(engine_env(VLLM_K2_DISABLE="1"))
     assert files_only.pop("vllm_from").startswith(str(patched_site))
+    assert files_and_twins.pop("vllm_from").startswith(str(patched_site))
     runtime.pop("vllm_from"), stock.pop("vllm_from")
-    assert runtime == files_only == {"cpu_rope": True, "kernel_scan": True}
-    assert stock == {"cpu_rope": False, "kernel_scan": False}
+    cpu = ("cpu_rope", "kernel_scan")
+    assert {k: runtime[k] for k in cpu} == {k: files_only[k] for k in cpu} == {"cpu_rope": True, "kernel_scan": True}
+    assert {k: stock[k] for k in cpu} == {"cpu_rope": False, "kernel_scan": False}
+
+    # The GPU twins' own upstream probes: False on stock 0.32, True with the files (twins off).
+    gpu = ("rope_float32_cache", "moe_sorts_batches")
+    assert {k: stock[k] for k in gpu} == {"rope_float32_cache": False, "moe_sorts_batches": False}
+    assert {k: files_only[k] for k in gpu} == {"rope_float32_cache": True, "moe_sorts_batches": True}
+    # ... so with the files applied the twins retire (rope-float32-cache only runs with CUDA).
+    assert files_and_twins["states"]["moe-group-tokens-by-expert"] == "retired-upstream"
+    rope_state = files_and_twins["states"]["rope-float32-cache"]
+    assert rope_state == ("retired-upstream" if files_and_twins["cuda"] else "not-applicable")
+    assert runtime["states"]["moe-group-tokens-by-expert"] == "applied"
+
+    # moe: the file assigns like the runtime twin (stock: unsorted up to 12 tokens x top 8 of 384).
+    assert runtime["moe_assignment"] == files_only["moe_assignment"] == ["naive"] + ["sorted"] * 4
+    assert stock["moe_assignment"] == ["naive"] * 4 + ["sorted"]
+    # rope: the op gets one float32 copy of the bf16 cache, the same values (the twin's cache.float()).
+    assert files_only["rope_cache_handed"] == {"dtype": "torch.float32", "made_once": True, "same_values": True}
+    assert stock["rope_cache_handed"]["dtype"] == "torch.bfloat16"

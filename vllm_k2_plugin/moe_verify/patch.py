@@ -57,6 +57,7 @@ def _upstream_sorts_small_batches() -> bool:
 
 @REGISTRY.patch(
     name="moe-group-tokens-by-expert",
+    patch_file="0004-moe-group-tokens-by-expert.patch",  # patches/vllm-0.32.0/
     feature="moe_verify",
     target=f"{MODULE}:_prepare_expert_assignment",
     applies_to=">=0.20",

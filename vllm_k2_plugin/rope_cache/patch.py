@@ -137,6 +137,7 @@ def logger():
 
 @REGISTRY.patch(
     name="rope-float32-cache",
+    patch_file="0003-rope-float32-cache.patch",  # patches/vllm-0.32.0/
     feature="rope_cache",
     target=f"{MODULE}:RotaryEmbedding.forward_cuda",
     applies_to=">=0.20",
