@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): build both real vLLM engines (cached) and run
 # the whole suite once per engine; then the vLLM 0.34 import check (GPU wheel, no engine:
-# tests/test_vllm034_import.py only). Exit code: non-zero if any engine's run failed;
-# pytest's "no tests collected" (5) counts as failure, never as green.
+# tests/test_vllm034_import.py and tests/test_patch_files_034.py only). Exit code:
+# non-zero if any engine's run failed; pytest's "no tests collected" (5) counts as
+# failure, never as green.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -24,9 +25,10 @@ for engine in $ENGINES; do
   version=$("$venv/bin/python" -c 'from vllm_k2_plugin.patching.versions import vllm_version_string as v; print(v())')
   echo "=== tests on engine $engine ($version), engine ready in $((t1 - t0)) s" \
        "(venv built in $(cat "$venv/.install-seconds" 2>/dev/null || echo '?') s, $(cat "$venv/.install-size" 2>/dev/null || echo '?'))"
-  # The 0.34 venv can import vLLM, not start it: only its import check runs there.
+  # The 0.34 venv can import vLLM, not start it: only its import check and its patch
+  # series (applied to a copy, probes flipped) run there.
   tests=("$@")
-  [[ "$engine" == vllm034 ]] && tests=(tests/test_vllm034_import.py)
+  [[ "$engine" == vllm034 ]] && tests=(tests/test_vllm034_import.py tests/test_patch_files_034.py)
   # A private basetemp: pytest prunes old numbered dirs under /tmp/pytest-of-$USER, which
   # would delete another concurrent session's fixtures.
   basetemp=$(mktemp -d -t "vllm-k2-pytest-$engine-XXXX")
