@@ -112,8 +112,8 @@ def check_correct(ranks: Ranks, cand: Candidate, nbytes: int) -> tuple[bool, str
     """Eager run: within bf16 rounding of the float32 sum, same bits on every rank."""
     import torch
 
-    mine, total, magnitude = _inputs(ranks, nbytes)
-    try:
+    try:  # every rank reaches the verdict exchange below, whatever fails here
+        mine, total, magnitude = _inputs(ranks, nbytes)
         out = cand.run(mine.clone())
         torch.cuda.synchronize(ranks.device)
         bad = _off_the_sum(out, total, magnitude)
@@ -140,9 +140,9 @@ def time_in_graph(
     replayed graph's last result must still be the sum (correct inside graphs too)."""
     import torch
 
-    mine, total, magnitude = _inputs(ranks, nbytes)
     graph, why, out = None, "", None
     try:
+        mine, total, magnitude = _inputs(ranks, nbytes)
         cand.run(mine.clone())  # warm the path (lazy communicator set-up) outside the graph
         torch.cuda.synchronize(ranks.device)
         stream = torch.cuda.Stream(device=ranks.device)
