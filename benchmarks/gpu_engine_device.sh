@@ -6,14 +6,24 @@
 # back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
 #   ONLY="case-name ..." bash benchmarks/gpu_engine_device.sh dgprof   (only those cases of the suites)
+#   ENGINE=vllm016 bash benchmarks/gpu_engine_device.sh v16tiny        (vLLM 0.16, route C: carry .gpub/big/so
+#                                                   .gpub/s .gpub016 .gpub/e2e; benchmarks/vllm016_gpu/build.sh)
 set -u
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+ENGINE=${ENGINE:-vllm020}
+SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016
+[ "$ENGINE" = vllm016 ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DGPU_BACKENDS=TRITON_MLA,TRITON_ATTN  # the bundle's plugin: MLA layers TRITON_MLA, others TRITON_ATTN
 OUT=${OUT:-/tmp/out}; WORK=/tmp/e2e-work; mkdir -p "$OUT" "$WORK"
 S0=$SECONDS; BUDGET=${BUDGET:-560}
-bash .gpub/s/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 1; }
+if [ "$ENGINE" = vllm016 ]; then
+  bash benchmarks/vllm016_gpu/install.sh > "$OUT/install.log" 2>&1 || { tail -25 "$OUT/install.log"; exit 1; }
+  grep "^install016: vllm" "$OUT/install.log"
+else
+  bash .gpub/s/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 1; }
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for step in "$@"; do
   left=$((BUDGET - (SECONDS - S0)))
@@ -35,8 +45,10 @@ for step in "$@"; do
       echo "== suite $suite (parallel $par, ${left}s left)"
       rm -rf "${WORK:?}/$suite"  # a warm machine keeps the last call's cases: only this call's come back
       python3 benchmarks/gpu_engine_e2e.py run "$suite" --models .gpub/e2e --out "$WORK/$suite" \
-        --parallel "$par" --budget $((left - 15)) ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==)"
-      tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite" ;;
+        --parallel "$par" --budget $((left - 15)) ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/$suite.log" | grep -E "^(CASE|==|SKIP)"
+      rc=${PIPESTATUS[0]}
+      tar czf "$OUT/$suite.tgz" -C "$WORK" "$suite"
+      [ "$rc" = 3 ] && { echo "suite $suite: no engine came up; later steps not run"; break; } ;;
   esac
 done
 echo "TOTAL $((SECONDS - S0)) s"

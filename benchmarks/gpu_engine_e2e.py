@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONTEXTS = (4096, 32768, 131072)
+BENCH_DRAFTER = REPO / "benchmarks" / "results" / "bench_ab_tiny_bench_drafter_cpu" / "drafter"
 DEEP_LAYERS = 24  # slice24: 23 MoE layers x 4.2 GB of bf16 experts fit one H200 with its KV cache
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
 STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
@@ -380,7 +381,11 @@ def run_case(case: dict) -> dict:
         **case.get("llm_kwargs", {}),
     )
     # engines of one group start together and are measured one at a time (GpuTurn)
+    import vllm
+
     result = {"case": case, "init_s": round(time.time() - t0, 1), "engines_at_once": int(os.environ["E2E_GROUP_SIZE"])}
+    result["vllm"] = vllm.__version__
+    result["engine_route"] = os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel")
     result["impls"] = llm.collective_rpc(_install_counters)[0]
     result["patches"] = llm.collective_rpc(_patch_states)[0]
     if dummy:
@@ -962,6 +967,8 @@ def suite(name: str, models: Path) -> list[dict]:
             {**fa, "name": "dg-backend-tiny-ours-plain"},
             {**fa, "name": "dg-backend-tiny-ours-eagle3-k3-draftgraph", **e3},
         ]  # vLLM's own pick is not run: the bundle has no FLASH_ATTN kernels for the drafter (its log line names it)
+    if name in ("v16tiny", "v16deep", "v16prof"):  # vLLM 0.16 (route C): every GPU patch vs stock 0.16
+        return _v16_suite(name, models, tiny)
     if name in (
         "dgtiny",
         "dgslice",
@@ -1104,8 +1111,46 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24, dg24stock"
+        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24, dg24stock, "
+        "v16tiny, v16deep, v16prof"
     )
+
+
+def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
+    """vLLM 0.16 on the H200: the trained tiny pair (greedy, graphs, self-check fallback, EAGLE-3
+    through 0.16's proposer with and without the draft-step graph) and the 24-layer slice with the
+    TP-8 drafter and its own head, ours vs stock 0.16, plain and EAGLE-3 k = 3, 4k / 32k / 128k."""
+    # the committed bench drafter (sha256 in its digests.json) rather than prepare's copy: one call carries less
+    e3 = {"method": "eagle3", "model": str(BENCH_DRAFTER), "k": 3}
+    if name == "v16tiny":
+        t = {**tiny, "graphs": True}
+        return [
+            {**t, "name": "v16-tiny-stock-graphs", "backend": "stock"},
+            {**t, "name": "v16-tiny-ours-graphs", "backend": "ours"},
+            {**t, "name": "v16-tiny-ours-fault-smem", "backend": "ours", "fault": "smem"},
+            {**t, "name": "v16-tiny-stock-eagle3-k3", "backend": "stock", "spec": e3},
+            {**t, "name": "v16-tiny-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3, "draft_graph": False},
+            {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3, "draft_graph": True},
+        ]
+    deep = {"model": str(models / "slice24"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.88,
+            "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True, "contexts": list(CONTEXTS),
+            "vocab": slice_config()["vocab_size"]}  # fmt: skip
+    own = {"spec": {**e3, "model": str(models / "slice24-draft-tp8")}, "draft_head": "own"}
+    if name == "v16prof":  # where a step's GPU time goes at 4k and 128k (torch.profiler, in-process engine)
+        prof = {**deep, "task": "profile", "backend": "ours"}
+        at = lambda ctx: {"contexts": [ctx], "max_model_len": ctx + 512}  # noqa: E731
+        return [
+            {**prof, **at(131072), "name": "v16prof-deep24-ours-eagle3-k3-ownhead-128k", "draft_graph": True, **own},
+            {**prof, **at(4096), "name": "v16prof-deep24-ours-eagle3-k3-ownhead-4k", "draft_graph": True, **own},
+            {**prof, **at(131072), "name": "v16prof-deep24-ours-plain-128k"},
+            {**prof, **at(4096), "name": "v16prof-deep24-ours-plain-4k"},
+        ]
+    return [
+        {**deep, "name": "v16-deep24-ours-plain", "backend": "ours"},
+        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
+        {**deep, "name": "v16-deep24-stock-plain", "backend": "stock"},
+        {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
+    ]
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
@@ -1192,9 +1237,11 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
     return env
 
 
-def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> None:
+def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> int:
+    """Run a suite's cases; returns how many produced a result. A first group in which no engine
+    came up ends the suite (the others would fail the same way and spend the device call)."""
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend"):
+    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny"):
         from vllm_k2_plugin.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))
@@ -1227,6 +1274,7 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
             procs.append((case, proc, log))
         deadline = time.time() + left
         pending = list(procs)
+        ok_before = len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
         while pending:  # poll all: a peer that died must release the others' barrier at once
             for item in list(pending):
                 if item[1].poll() is not None or time.time() > deadline:
@@ -1234,6 +1282,11 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
                     pending.remove(item)
             time.sleep(0.5)
         time.sleep(3)  # let the driver hand the killed engines' memory back
+        ok_now = len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
+        if g == 0 and ok_now == ok_before:
+            print(f"SKIP (no engine of the first group came up) {[c['name'] for c in cases[parallel:]]}", flush=True)
+            return 0
+    return len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
 
 
 def _finish(case: dict, p: subprocess.Popen, log, gdir: Path, out: Path) -> None:
@@ -1285,7 +1338,8 @@ def main(argv=None) -> None:
     if a.cmd == "prepare":
         prepare(a.dest, a.trained_draft)
     elif a.cmd == "run":
-        run_suite(a.suite, a.models, a.out, a.parallel, a.only, a.budget)
+        if run_suite(a.suite, a.models, a.out, a.parallel, a.only, a.budget) == 0:
+            sys.exit(3)  # no case produced a result
     elif a.cmd == "case":
         case = json.loads(a.case.read_text())
         res = run_case(case)

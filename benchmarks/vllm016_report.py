@@ -1,0 +1,202 @@
+"""Tables for vLLM 0.16 on the H200 (route C) from the cases' raw JSON (suites v16tiny, v16deep,
+v16prof of gpu_engine_e2e.py; each file written by the case that measured it, command and date
+inside) into OUT/README.md and OUT/summary.json.
+
+    python benchmarks/vllm016_report.py benchmarks/results/vllm016_h200/raw --out benchmarks/results/vllm016_h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpu_engine_e2e import CONTEXTS, compare_greedy, graph_modes, tau  # noqa: E402
+
+from vllm_k2_plugin import fileio  # noqa: E402
+
+GREEDY = [
+    ("v16-tiny-stock-graphs", "v16-tiny-ours-graphs", "our MLA backend (full decode graphs) vs stock 0.16"),
+    ("v16-tiny-stock-graphs", "v16-tiny-ours-fault-smem", "self-check failed on purpose: stock fallback vs stock"),
+    ("v16-tiny-ours-eagle3-k3-stockdraft", "v16-tiny-ours-eagle3-k3-draftgraph", "draft-step graph vs 0.16's proposer"),
+    ("v16-tiny-ours-graphs", "v16-tiny-ours-eagle3-k3-draftgraph", "greedy EAGLE-3 (every patch) vs greedy plain"),
+    ("v16-tiny-stock-graphs", "v16-tiny-stock-eagle3-k3", "stock 0.16: greedy EAGLE-3 vs greedy plain"),
+]
+GPU_PATCHES = (
+    "triton-mla-k2-decode",
+    "draft-step-graph",
+    "draft-attention-triton",
+    "draft-prefill-as-decode",
+    "draft-attention-segments",
+    "moe-group-tokens-by-expert",
+    "rope-float32-cache",
+)
+
+
+def load(raw: Path) -> dict[str, dict]:
+    runs = {}
+    for p in sorted(raw.rglob("*.json")):
+        if not p.name.endswith(".case.json"):
+            r = json.loads(p.read_text())
+            runs[r["case"]["name"]] = r
+    return runs
+
+
+def _fmt_greedy(c: dict) -> str:
+    parts = ", ".join(f"{d['prompt']}:{d['token']} {d['margins'][0]}/{d['margins'][1]}" for d in c["divergences"])
+    return f"{c['identical']}/{c['prompts']}" + (f" (prompt:token margins {parts})" if parts else "")
+
+
+def tiny_section(runs: dict, summary: dict) -> list[str]:
+    L = [
+        "## Trained tiny pair (8 layers, hidden 256; the committed bench drafter), single stream",
+        "",
+        "| case | MLA impl | CUDA graphs (vLLM's log) | tok/s (256 tokens, best of 3) | drafts | accepted "
+        "| per position | tau |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+    ]
+    for name in sorted(n for n in runs if n.startswith("v16-tiny")):
+        r = runs[name]
+        sp = r.get("spec") or {}
+        k = len(sp.get("per_pos") or [])
+        acc = [round(x / sp["drafts"], 3) for x in sp["per_pos"]] if sp.get("drafts") else []
+        L.append(
+            f"| {name} | {r['impls']} | {graph_modes(r)} | {r['single_stream']['tok_s']} | "
+            f"{sp.get('drafts') or '-'} | {sp.get('accepted') or '-'} | {sp.get('per_pos') or '-'} | "
+            f"{round(tau(acc, k), 3) if acc else '-'} |"
+        )
+        summary[name] = {"tok_s": r["single_stream"]["tok_s"], "spec": sp, "impl": r["impls"]}
+    L += [
+        "",
+        "Greedy tokens, 12 held-out prompts x 64 tokens (batched); where runs part, the top-1 vs top-2 "
+        "logprob margin at that token in each run (0.0: a bf16 tie):",
+        "",
+        "| runs compared | what it shows | prompts identical |",
+        "|---|---|---|",
+    ]
+    for a, b, what in GREEDY:
+        if a in runs and b in runs:
+            c = compare_greedy(runs[a], runs[b])
+            summary[f"greedy {a} vs {b}"] = c
+            L.append(f"| {a} vs {b} | {what} | {_fmt_greedy(c)} |")
+    fault = runs.get("v16-tiny-ours-fault-smem")
+    if fault:
+        line = next((ln for ln in fault.get("log_lines", []) if "elf-check failed" in ln), "(no self-check line)")
+        L += [
+            "",
+            f"Self-check fallback (`tests/mla_faults.py`, `MLA_FAULT=smem`): impl {fault['impls']}, log: `...{line}`",
+        ]
+    dg = runs.get("v16-tiny-ours-eagle3-k3-draftgraph", {}).get("draft_graphs")
+    if dg:
+        L += [
+            "",
+            f"Draft step graphs (0.16's EagleProposer): captured for batch sizes {dg['captured']}, "
+            f"{dg['replays']} replays, {dg['failed']} shapes left on the stock path.",
+        ]
+    return L + [""]
+
+
+def deep_section(runs: dict, summary: dict) -> list[str]:
+    names = {
+        "ours plain": "v16-deep24-ours-plain",
+        "ours EAGLE-3 k=3": "v16-deep24-ours-eagle3-k3-ownhead",
+        "stock plain": "v16-deep24-stock-plain",
+        "stock EAGLE-3 k=3": "v16-deep24-stock-eagle3-k3-ownhead",
+    }
+    have = {k: runs[v] for k, v in names.items() if v in runs}
+    missing = [v for v in names.values() if v not in runs]
+    L = [
+        "## K2.5 slice, 24 layers (dummy weights), TP-8 drafter with its own head, single stream",
+        "",
+        "ms per engine step = (median of 5 129-token requests - median of 5 interleaved 1-token requests) / steps; "
+        "dummy weights accept no draft, so every EAGLE-3 step is a full verify + draft step.",
+        "",
+    ]
+    if missing:
+        L += [f"Not measured (the device call's time ran out): {', '.join(missing)}.", ""]
+    L += [
+        "| context | " + " | ".join(have) + " | t_spec/t_plain ours | plain: stock / ours |",
+        "|---|" + "---:|" * (len(have) + 2),
+    ]
+    for ctx in map(str, CONTEXTS):
+        ms = {k: r["contexts"][ctx]["step_ms"] for k, r in have.items() if ctx in r.get("contexts", {})}
+        pair = {"ours EAGLE-3 k=3", "ours plain"} <= ms.keys()
+        ratio = round(ms["ours EAGLE-3 k=3"] / ms["ours plain"], 3) if pair else "-"
+        speed = round(ms["stock plain"] / ms["ours plain"], 2) if {"stock plain", "ours plain"} <= ms.keys() else "-"
+        summary[f"deep24 {ctx}"] = {**ms, "t_spec_over_t_plain_ours": ratio, "plain_stock_over_ours": speed}
+        cells = " | ".join(str(ms.get(k, "-")) for k in have)
+        L.append(f"| {int(ctx) // 1024}k | {cells} | **{ratio}** | {speed} |")
+    L += [
+        "",
+        "Patches in the engines (worker side): "
+        + "; ".join(f"{k}: " + ", ".join(f"{p}={r['patches'].get(p)}" for p in GPU_PATCHES) for k, r in have.items()),
+    ]
+    return L + [""]
+
+
+def prof_section(runs: dict, summary: dict) -> list[str]:
+    cases = {n: runs[n]["profile"] for n in sorted(runs) if n.startswith("v16prof")}
+    if not cases:
+        return []
+    L = [
+        "## Where a step's GPU time goes, 4k vs 128k (torch.profiler, in-process engine, our stack)",
+        "",
+        "Kernel time per engine step (ms) and calls per step. The profiler slows the host, so wall times here "
+        "are above the step table's; GPU-busy time is the union of kernel intervals.",
+        "",
+        "| | " + " | ".join(n.replace("v16prof-deep24-ours-", "") for n in cases) + " |",
+        "|---|" + "---:|" * len(cases),
+        "| wall ms/step | " + " | ".join(str(p["wall_ms_per_step"]) for p in cases.values()) + " |",
+        "| GPU busy ms/step | " + " | ".join(str(p["gpu_busy_ms_per_step"]) for p in cases.values()) + " |",
+    ]
+    kernels: dict[str, float] = {}
+    for p in cases.values():
+        for k in p["kernels_full_names"]:
+            kernels[k["kernel"][:70]] = max(kernels.get(k["kernel"][:70], 0), k["ms"])
+    for name in sorted(kernels, key=lambda k: -kernels[k])[:14]:
+        cells = []
+        for p in cases.values():
+            hit = next((k for k in p["kernels_full_names"] if k["kernel"][:70] == name), None)
+            cells.append(f"{hit['ms']} ({hit['calls']})" if hit else "-")
+        L.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    summary["profile"] = {
+        n: {"wall": p["wall_ms_per_step"], "busy": p["gpu_busy_ms_per_step"]} for n, p in cases.items()
+    }
+    return L + [""]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("raw", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    runs = load(a.raw)
+    dates = sorted(r["date"] for r in runs.values())
+    routes = sorted({r.get("engine_route", "?") for r in runs.values()})
+    versions = sorted({r.get("vllm", "?") for r in runs.values()})
+    summary: dict = {"vllm": versions, "route": routes, "dates": [dates[0], dates[-1]]}
+    L = [
+        "# vLLM 0.16 on the H200: every GPU patch vs stock 0.16",
+        "",
+        f"Written by `python benchmarks/vllm016_report.py {a.raw} --out {a.out}` from `raw/` (one file per case, "
+        f"written by `gpu_engine_e2e.py case`, its command and date inside; cases ran {dates[0]} .. {dates[-1]}). "
+        f"vLLM {', '.join(versions)}, **{'; '.join(routes)}** (benchmarks/vllm016_gpu/build.sh): the scheduler, "
+        "model runner, proposer, attention builders and model code are 0.16's; the C++/CUDA kernels are 0.20's. "
+        "bf16, `max_num_seqs=4`, CUDA graphs with `compilation_config={'backend': 'eager'}`; each case its own "
+        "engine, measured one at a time. 'stock' = every GPU patch of ours off (`VLLM_K2_DISABLE_PATCHES`), "
+        "the model-support patches on (0.16 cannot run K2.5 EAGLE-3 without them).",
+        "",
+    ]
+    L += tiny_section(runs, summary) + deep_section(runs, summary) + prof_section(runs, summary)
+    a.out.mkdir(parents=True, exist_ok=True)
+    fileio.write_text(str(a.out / "README.md"), "\n".join(L))
+    fileio.write_json(str(a.out / "summary.json"), summary)
+    print("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The committed vLLM 0.16 GPU results (benchmarks/results/vllm016_h200) are what
+benchmarks/vllm016_report.py makes of the raw case files, every raw file says which vLLM
+and which route ran it, and the route-C builder's wheel unpacker refuses what it cannot
+resolve instead of skipping it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "vllm016_h200"
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "vllm016_gpu"))
+
+import unpack_wheels  # noqa: E402
+import vllm016_report  # noqa: E402
+
+
+def test_committed_readme_and_summary_are_the_reports_output(tmp_path):
+    vllm016_report.main([str(RESULTS / "raw"), "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads((RESULTS / "summary.json").read_text())
+    ours = (tmp_path / "README.md").read_text().split("from `raw/`", 1)[1]
+    assert ours == (RESULTS / "README.md").read_text().split("from `raw/`", 1)[1]
+
+
+def test_every_raw_result_names_its_engine_route_command_and_date():
+    raw = sorted((RESULTS / "raw").glob("*.json"))
+    assert raw
+    for p in raw:
+        r = json.loads(p.read_text())
+        assert r["vllm"] == "0.16.0" and r["engine_route"].startswith("route C"), p.name
+        assert r["command"].startswith("gpu_engine_e2e.py case") and r["date"].startswith("2026"), p.name
+        assert p.stem == r["case"]["name"]
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+
+
+def test_unpacker_lays_out_wheels_and_drops_only_what_nothing_loads(tmp_path):
+    wheels, site = tmp_path / "w", tmp_path / "site"
+    wheels.mkdir()
+    files = {"pkg_a/__init__.py": b"x = 1\n", "pkg_a/lib/libbig.a": b"ar", "pkg_a-1.0.data/purelib/pkg_a/extra.py": b""}
+    _wheel(wheels, "pkg_a", "1.0", {**files, "pkg_a-1.0.data/scripts/tool": b""})
+    _wheel(wheels, "mistral_common", "2.0", {"mistral_common/data/tok.json": b"{}", "mistral_common/base.py": b""})
+    unpack_wheels.main([str(wheels), str(site), "pkg-a==1.0", "mistral-common==2.0"])
+    got = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert got == ["mistral_common/base.py", "pkg_a/__init__.py", "pkg_a/extra.py"]
+
+
+def test_unpacker_refuses_a_missing_wheel_before_writing_anything(tmp_path):
+    wheels, site = tmp_path / "w", tmp_path / "site"
+    wheels.mkdir()
+    _wheel(wheels, "pkg_a", "1.0", {"pkg_a/__init__.py": b""})
+    with pytest.raises(SystemExit, match=r"pkg-b==2\.0: 0 wheels"):
+        unpack_wheels.main([str(wheels), str(site), "pkg-a==1.0", "pkg-b==2.0"])
+    assert not site.exists()
