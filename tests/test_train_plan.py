@@ -179,10 +179,56 @@ def run_cli(capsys, *args):
     return code, out.out, out.err
 
 
-def test_cli_text_output(tmp_path, capsys):
+def write_prefill(tmp_path, **over):
+    doc = {"seq": 1000, "ms_per_token_per_layer": 0.01, "gpu": "NVIDIA H200", "date": "2026-12-04T01:00:00+00:00",
+           "command": "python benchmarks/prefill_throughput.py ...", **over}  # fmt: skip
+    p = tmp_path / "prefill.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_measured_prefill_reproduces_the_measured_time(tmp_path):
+    """8 H200s at the measured seq: extraction compute = tokens x 61 layers x the measured time
+    per token per layer (the efficiency is only the planner's currency for it)."""
+    cal = P.load_calibration(write_cal(tmp_path))
+    eff, label = P.load_prefill_calibration(write_prefill(tmp_path))
+    assert label.startswith("MEASURED (NVIDIA H200, 2026-12-04T01:00:00+00:00: 0.01 ms/token/layer at seq 1000")
+    inp = P.PlanInputs(samples=1000, mean_tokens=1000, gpus=8, global_batch=16, prefill_efficiency=eff)
+    r = P.plan(inp, GPUS["h200"], cal)
+    assert r["extraction"]["t_compute"] == pytest.approx(1e6 * 61 * 0.01e-3)
+    faster = P.GPUSpec("x", "X", 2 * GPUS["h200"].bf16_dense_tflops, 4.8, 141, 360.0, "test", "test")
+    assert P.plan(inp, faster, cal)["extraction"]["t_compute"] == pytest.approx(1e6 * 61 * 0.01e-3 / 2)
+
+
+def test_prefill_calibration_errors_name_the_file(tmp_path, monkeypatch):
+    with pytest.raises(P.PlanError, match="prefill.json is not a prefill_throughput results file"):
+        P.load_prefill_calibration(write_prefill(tmp_path, seq="long"))
+    with pytest.raises(P.PlanError, match="ms_per_token_per_layer must be > 0"):
+        P.load_prefill_calibration(write_prefill(tmp_path, ms_per_token_per_layer=0))
+    with pytest.raises(P.PlanError, match="--prefill-calibration: no file at"):
+        P.load_prefill_calibration(tmp_path / "missing.json")
+    monkeypatch.setattr(P, "DEFAULT_PREFILL", tmp_path / "never-measured.json")
+    assert P.load_prefill_calibration() == (
+        0.30,
+        f"ASSUMED (no prefill measurement at {tmp_path / 'never-measured.json'})",
+    )
+
+
+def test_cli_prefill_sources(tmp_path, capsys):
+    cal = str(write_cal(tmp_path))
+    code, out, _ = run_cli(capsys, "--hardware", "h200", "--calibration", cal, "--prefill-calibration",
+                           str(write_prefill(tmp_path)))  # fmt: skip
+    assert code == 0 and "prefill efficiency, MEASURED (NVIDIA H200" in out
+    code, out, _ = run_cli(capsys, "--hardware", "h200", "--calibration", cal, "--prefill-efficiency", "0.5")
+    assert code == 0 and "50% prefill efficiency, GIVEN (--prefill-efficiency)" in out
+
+
+def test_cli_text_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(P, "DEFAULT_PREFILL", tmp_path / "never-measured.json")
     code, out, _ = run_cli(capsys, "--hardware", "rtx-pro-6000", "--calibration", str(write_cal(tmp_path)))
     assert code == 0
-    for s in ("8 x NVIDIA RTX PRO 6000", "extraction", "57,344 B", "503.8 TFLOP/s", "30% assumed", "verdict:"):
+    for s in ("8 x NVIDIA RTX PRO 6000", "extraction", "57,344 B", "503.8 TFLOP/s", "30% prefill efficiency, ASSUMED",
+              "verdict:"):  # fmt: skip
         assert s in out, s
     assert "2026-11-30 01:30" in out and "cal.json" in out  # measured inputs carry date and source
     assert "ASSUMED disk 5 GB/s write, 10 GB/s read" in out and "online      no verdict: not implemented" in out

@@ -4,8 +4,11 @@ For a dataset (samples x mean tokens) and a machine (a preset of ``hardware.GPUS
 custom specs), it prints each figure with its formula inputs:
 
 * extraction: prefill FLOPs of Kimi-K2.5 (``2 x 32e9`` active parameters + causal MLA
-  attention) over ``gpus x bf16 dense x prefill efficiency`` (an ASSUMPTION, flagged), plus the
-  tensor-parallel all-reduce traffic of that prefill over the interconnect;
+  attention) over ``gpus x bf16 dense x prefill efficiency``, plus the tensor-parallel
+  all-reduce traffic of that prefill over the interconnect; the efficiency comes from the
+  MEASURED prefill of the K2.5 slice on an H200 (``calibration/prefill_h200.json``, written by
+  benchmarks/prefill_throughput.py) where that file exists, else it is the 30 % ASSUMPTION,
+  flagged as such in the output;
 * storage of offline mode: ``tokens x 57,344 B`` (3 aux + final K2.5 states in bf16);
 * memory: whether the target and the trainer fit together (online) or must alternate
   (offline);
@@ -41,6 +44,10 @@ from .hardware import GPUS, H200_KEY, K25, K25_DRAFT, GPUSpec
 
 #: Package data (benchmarks/results/train_step_h200.json links here), so a wheel carries it.
 DEFAULT_CALIBRATION = Path(str(resources.files("vllm_k2_plugin.train") / "calibration" / "train_step_h200.json"))
+#: Written by benchmarks/prefill_throughput.py on an H200 (K2.5 slice, dummy weights); absent until measured.
+DEFAULT_PREFILL = Path(str(resources.files("vllm_k2_plugin.train") / "calibration" / "prefill_h200.json"))
+#: Fraction of bf16 dense peak the target's prefill is ASSUMED to reach when nothing is measured.
+ASSUMED_PREFILL_EFFICIENCY = 0.30
 HOURS_VS_DAYS_H = 24.0  # the verdict's threshold: end-to-end wall time below this is "hours"
 
 
@@ -203,6 +210,31 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         raise PlanError(f"--calibration: {p} is not a train_step results file ({type(e).__name__}: {e})") from e
 
 
+def load_prefill_calibration(path: str | Path | None = None) -> tuple[float, str]:
+    """(efficiency, label) for extraction: from a prefill measurement if one exists, else the
+    labelled assumption. The measured time per token per layer of the K2.5 slice at TP 8 on
+    an H200 becomes the fraction of the H200's bf16 dense peak that reproduces it in the
+    planner's formula (61 layers x that time = K2.5 FLOPs at the measured seq / (8 x peak x
+    efficiency)); other GPUs get the same fraction of their peak, as the training step's
+    matmul part scales."""
+    p = Path(path) if path else DEFAULT_PREFILL
+    if not p.is_file():
+        if path:
+            raise PlanError(f"--prefill-calibration: no file at {p}")
+        return ASSUMED_PREFILL_EFFICIENCY, f"ASSUMED (no prefill measurement at {p})"
+    try:
+        doc = json.loads(p.read_text())
+        seq, t_layer = int(doc["seq"]), float(doc["ms_per_token_per_layer"]) / 1e3
+        gpu, date = str(doc["gpu"]), str(doc["date"])
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise PlanError(f"--prefill-calibration: {p} is not a prefill_throughput results file ({e!r})") from e
+    if t_layer <= 0:
+        raise PlanError(f"--prefill-calibration: {p}: ms_per_token_per_layer must be > 0")
+    peak = GPUS[H200_KEY].bf16_dense_tflops * 1e12
+    eff = prefill_flops_per_token(seq) / (8 * peak * K25.layers * t_layer)
+    return eff, f"MEASURED ({gpu}, {date}: {doc['ms_per_token_per_layer']} ms/token/layer at seq {seq}; {p})"
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -274,7 +306,8 @@ class PlanInputs:
     global_batch: int = 16
     ttt_steps: int = 7
     loss_fraction: float = 1.0
-    prefill_efficiency: float = 0.30
+    prefill_efficiency: float = ASSUMED_PREFILL_EFFICIENCY
+    prefill_source: str = "ASSUMED"  # or MEASURED (...) / GIVEN (--prefill-efficiency)
     target_gb: float = K25.target_gb
     engine_reserve_gb: float = 6.0
     extract_parallel: str = "tp"  # "tp": tensor parallel over all GPUs (all-reduces); "pp": pipeline stages
@@ -427,7 +460,8 @@ def render_text(inp: PlanInputs, cal: Calibration, results: list[dict]) -> str:
             f"  specs: bf16 dense {g.bf16_dense_tflops:g} TFLOP/s, memory {g.mem_bw_tbs:g} TB/s, {g.mem_gb:g} GB, "
             f"all-reduce busbw {g.allreduce_gbps:g} GB/s ({g.interconnect})",
             f"  extraction  {_h(e['t'])} = compute {r['tokens']:.4g} tok x {e['flops_per_token'] / 1e9:.1f} GFLOP/tok "
-            f"/ ({n} x {g.bf16_dense_tflops:g} TFLOP/s x {inp.prefill_efficiency:.0%} assumed prefill efficiency) "
+            f"/ ({n} x {g.bf16_dense_tflops:g} TFLOP/s x {inp.prefill_efficiency:.0%} prefill efficiency, "
+            f"{inp.prefill_source}) "
             f"[{_h(e['t_compute'])}] + "
             + (
                 f"TP all-reduce {r['tokens']:.4g} tok x {e['comm_bytes_per_token']:,} B x 2({n}-1)/{n} "
@@ -570,9 +604,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-efficiency",
         type=_pos_float("--prefill-efficiency", 1.0),
-        default=d.prefill_efficiency,
-        help="ASSUMED fraction of bf16 dense peak the target's prefill reaches during extraction",
+        help="fraction of bf16 dense peak the target's prefill reaches during extraction (default: from the "
+        f"prefill measurement, else {ASSUMED_PREFILL_EFFICIENCY:.0%} ASSUMED)",
     )
+    p.add_argument("--prefill-calibration", help=f"prefill results JSON (default {DEFAULT_PREFILL}, if present)")
     p.add_argument("--target-gb", type=_pos_float("--target-gb"), default=d.target_gb, help="target weights, GB")
     p.add_argument("--engine-reserve-gb", type=_pos_float("--engine-reserve-gb"), default=d.engine_reserve_gb)
     p.add_argument(
@@ -619,6 +654,13 @@ def _gpus_from_args(a) -> list[GPUSpec]:
     return [replace(GPUS[k], **overrides) for k in keys]
 
 
+def _prefill(a) -> dict:
+    if a.prefill_efficiency is not None:
+        return {"prefill_efficiency": a.prefill_efficiency, "prefill_source": "GIVEN (--prefill-efficiency)"}
+    eff, label = load_prefill_calibration(a.prefill_calibration)
+    return {"prefill_efficiency": eff, "prefill_source": label}
+
+
 def run_plan(a) -> str:
     """What ``vllm-k2 train plan`` prints, for parsed arguments."""
     cal = load_calibration(a.calibration)
@@ -647,7 +689,7 @@ def run_plan(a) -> str:
         global_batch=a.global_batch,
         ttt_steps=a.ttt_steps,
         loss_fraction=a.loss_fraction,
-        prefill_efficiency=a.prefill_efficiency,
+        **_prefill(a),
         target_gb=a.target_gb,
         engine_reserve_gb=a.engine_reserve_gb,
         extract_parallel=a.extract_parallel,
