@@ -1274,7 +1274,7 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
             procs.append((case, proc, log))
         deadline = time.time() + left
         pending = list(procs)
-        ok_before = len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
+        ok_before = _results(out)
         while pending:  # poll all: a peer that died must release the others' barrier at once
             for item in list(pending):
                 if item[1].poll() is not None or time.time() > deadline:
@@ -1282,11 +1282,16 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
                     pending.remove(item)
             time.sleep(0.5)
         time.sleep(3)  # let the driver hand the killed engines' memory back
-        ok_now = len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
+        ok_now = _results(out)
         if g == 0 and ok_now == ok_before:
             print(f"SKIP (no engine of the first group came up) {[c['name'] for c in cases[parallel:]]}", flush=True)
             return 0
-    return len(list(out.glob("*.json"))) - len(list(out.glob("*.case.json")))
+    return _results(out)
+
+
+def _results(out: Path) -> int:
+    """Cases of a suite folder that wrote a result (``NAME.json``; ``NAME.case.json`` is an input)."""
+    return sum(1 for p in out.glob("*.json") if not p.name.endswith(".case.json"))
 
 
 def _finish(case: dict, p: subprocess.Popen, log, gdir: Path, out: Path) -> None:
