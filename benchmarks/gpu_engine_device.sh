@@ -2,8 +2,8 @@
 # On the lent H200 (device tool, repo root, with .gpub/big .gpub/s .gpub/e2e carried): vLLM 0.20
 # from the bundle (../shared/gpu-vllm/README.md) with this package installed into it, then
 # the steps named: pytest (GPU tests of the MLA kernel and backend, drafter attention) and e2e suites
-# (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py). Each suite's results come
-# back as one tgz.
+# (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py), dattn
+# (draft_attention_tile_probe.py), prefill (prefill_throughput.py). Each suite's results come back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
 #   ONLY="case-name ..." bash benchmarks/gpu_engine_device.sh dgprof   (only those cases of the suites)
 #   ENGINE=vllm016 bash benchmarks/gpu_engine_device.sh v16tiny        (vLLM 0.16, route C: carry .gpub/big/so
@@ -35,6 +35,14 @@ for step in "$@"; do
       timeout $((left > 150 ? 150 : left)) python3 -m pytest -q -m gpu -p no:cacheprovider $files \
         > "$OUT/pytest.log" 2>&1
       tail -15 "$OUT/pytest.log" ;;
+    dattn)  # vLLM's TRITON_ATTN 3D decode kernel by tile and segments at the drafter's TP-8 shape
+      timeout $((left > 150 ? 150 : left)) python3 benchmarks/draft_attention_tile_probe.py \
+        --out "$OUT/dattn_tile_probe.json" > "$OUT/dattn.log" 2>&1
+      tail -4 "$OUT/dattn.log" ;;
+    prefill)  # prefill tokens/s of the 24-layer slice (the planner's calibration, issue 39 item 5)
+      timeout $((left > 200 ? 200 : left)) python3 benchmarks/prefill_throughput.py --model .gpub/e2e/slice24 \
+        --seq 2048 --batch 8 --out "$OUT/prefill_h200.json" > "$OUT/prefill.log" 2>&1
+      grep -E '"(tokens_per_s|efficiency|achieved_tflops)"' "$OUT/prefill.log" || tail -5 "$OUT/prefill.log" ;;
     moebench)
       timeout $((left > 120 ? 120 : left)) python3 benchmarks/moe_verify_bench.py --out "$WORK/moe_verify_h200" \
         > "$OUT/moebench.log" 2>&1

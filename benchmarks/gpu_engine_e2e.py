@@ -981,6 +981,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dg12",
         "dg24",
         "dg24stock",
+        "dg24tile",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
@@ -1079,6 +1080,14 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**s24, "name": "dg24-plain-r2"},
                 {**s24, "name": "dg24-eagle3-k3-ownhead-r2", **own},
             ]
+        if name == "dg24tile":  # patch draft-attention-tile: every patch, with and without it, 4k / 32k / 128k
+            own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}
+            s24 = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
+            return [
+                {**s24, "name": "dg24t-plain"},
+                {**s24, "name": "dg24t-eagle3-k3-ownhead", **own},
+                {**s24, "name": "dg24t-eagle3-k3-ownhead-tileoff", **own, "disable": ["draft-attention-tile"]},
+            ]
         if name == "dg24stock":  # stock vLLM vs every patch, 24 layers (steps / profiled: one call each, ONLY)
             own = {"spec": e3("slice24-draft-tp8"), "draft_head": "own"}
             s24 = {**base, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
@@ -1144,13 +1153,21 @@ def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
             {**prof, **at(4096), "name": "v16prof-deep24-ours-eagle3-k3-ownhead-4k", "draft_graph": True, **own},
             {**prof, **at(131072), "name": "v16prof-deep24-ours-plain-128k"},
             {**prof, **at(4096), "name": "v16prof-deep24-ours-plain-4k"},
-        ]
+            # where the host spends a 4k EAGLE-3 step (cProfile; the GPU idles ~0.7 ms a step there)
+            {**prof, **at(4096), "task": "hostprof", "name": "v16hostprof-deep24-ours-eagle3-k3-ownhead-4k-rope016",
+             "draft_graph": True, **own, **ROPE016},
+        ]  # fmt: skip
     return [
         {**deep, "name": "v16-deep24-ours-plain", "backend": "ours"},
         {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
         {**deep, "name": "v16-deep24-stock-plain", "backend": "stock"},
         {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
-    ]
+        # route C's rotary cast taken out (ROUTE_C_ROPE), ours and stock alike
+        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016", "backend": "ours", "draft_graph": True, **own,
+         **ROPE016},
+        {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead-rope016", "backend": "stock", "draft_graph": False,
+         **own, **ROPE016},
+    ]  # fmt: skip
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
@@ -1203,6 +1220,11 @@ DRAFTER_TRITON = "draft-attention-triton"
 #: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
 #: "draft_head": "own"); without it vLLM shares the target's full-vocabulary head with it.
 DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
+#: Route C only (vLLM 0.16's Python on 0.20's kernels): 0.20's rotary op casts 0.16's bf16 cos/sin
+#: cache to float32 on every call, 0.16's own op does not; this module hands it a float32 copy
+#: made once (case key "route_c_rope"), for stock and ours alike.
+ROUTE_C_ROPE = "benchmarks.vllm016_gpu.route_c_rope"
+ROPE016 = {"route_c_rope": True}
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
@@ -1232,6 +1254,8 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         env["MLA_FAULT"] = case["fault"]
     if case.get("dummy") and case.get("spec", {}).get("method") == "eagle3" and case.get("draft_head") == "own":
         extra.append(DUMMY_DRAFT_HEAD)
+    if case.get("route_c_rope"):
+        extra.append(ROUTE_C_ROPE)
     if extra:
         env["VLLM_K2_EXTRA_PATCH_MODULES"] = ",".join(extra)
     return env

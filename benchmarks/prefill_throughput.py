@@ -59,7 +59,10 @@ def measure(model: str, seq: int, batch: int, rounds: int) -> dict:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the router probe goes by collective_rpc
     llm = LLM(model=model, dtype="bfloat16", load_format="dummy", skip_tokenizer_init=True,
               max_model_len=seq + 16, max_num_seqs=batch, max_num_batched_tokens=seq * batch,
-              enable_prefix_caching=False, gpu_memory_utilization=0.88, seed=0)  # fmt: skip
+              enable_prefix_caching=False, gpu_memory_utilization=0.88, seed=0,
+              # batches of seq x batch tokens run outside CUDA graphs and Inductor's fusions are
+              # elementwise: eager saves the device call ~1-2 min of compiling and capturing
+              enforce_eager=True)  # fmt: skip
     spread = llm.collective_rpc(_experts_per_verify, args=(3, True))[0]
     rng = random.Random(0)
     vocab = cfg["vocab_size"]
@@ -91,6 +94,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     import torch
+    import vllm
 
     from vllm_k2_plugin import fileio
     from vllm_k2_plugin.train.hardware import GPUS, H200_KEY
@@ -98,7 +102,8 @@ def main(argv=None) -> None:
     r = measure(a.model, a.seq, a.batch, a.rounds)
     peak = GPUS[H200_KEY].bf16_dense_tflops
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (a smoke run: no efficiency to use)"
-    r.update(gpu=device, peak_bf16_dense_tflops=peak, peak_source=GPUS[H200_KEY].source,
+    r.update(gpu=device, vllm=vllm.__version__, engine_route=os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel"),
+             peak_bf16_dense_tflops=peak, peak_source=GPUS[H200_KEY].source,
              efficiency=round(r["achieved_tflops"] / peak, 4),
              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              command=" ".join(["python", "benchmarks/prefill_throughput.py", *(argv or sys.argv[1:])]))  # fmt: skip

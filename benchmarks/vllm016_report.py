@@ -1,6 +1,6 @@
 """Tables for vLLM 0.16 on the H200 (route C) from the cases' raw JSON (suites v16tiny, v16deep,
-v16prof of gpu_engine_e2e.py; each file written by the case that measured it, command and date
-inside) into OUT/README.md and OUT/summary.json.
+v16prof, gguf of gpu_engine_e2e.py; each file written by the case that measured it, command and
+date inside; one sub-folder of raw/ per device call) into OUT/README.md and OUT/summary.json.
 
     python benchmarks/vllm016_report.py benchmarks/results/vllm016_h200/raw --out benchmarks/results/vllm016_h200
 """
@@ -37,12 +37,22 @@ GPU_PATCHES = (
 )
 
 
-def load(raw: Path) -> dict[str, dict]:
-    runs = {}
+def load_calls(raw: Path) -> dict[str, dict[str, dict]]:
+    """Raw files by device call: one sub-folder of ``raw`` per call (its name sorts by date), one
+    file per case. Ratios are only ever taken between cases of one call."""
+    calls: dict[str, dict[str, dict]] = {}
     for p in sorted(raw.rglob("*.json")):
         if not p.name.endswith(".case.json"):
             r = json.loads(p.read_text())
-            runs[r["case"]["name"]] = r
+            calls.setdefault(p.parent.name, {})[r["case"]["name"]] = r
+    return calls
+
+
+def load(raw: Path) -> dict[str, dict]:
+    """Every case's latest run (later calls win)."""
+    runs: dict[str, dict] = {}
+    for call in load_calls(raw).values():
+        runs.update(call)
     return runs
 
 
@@ -100,42 +110,114 @@ def tiny_section(runs: dict, summary: dict) -> list[str]:
     return L + [""]
 
 
-def deep_section(runs: dict, summary: dict) -> list[str]:
-    names = {
-        "ours plain": "v16-deep24-ours-plain",
-        "ours EAGLE-3 k=3": "v16-deep24-ours-eagle3-k3-ownhead",
-        "stock plain": "v16-deep24-stock-plain",
-        "stock EAGLE-3 k=3": "v16-deep24-stock-eagle3-k3-ownhead",
-    }
-    have = {k: runs[v] for k, v in names.items() if v in runs}
-    missing = [v for v in names.values() if v not in runs]
+#: slice cases and their columns; "as 0.16" = route C's rotary cast taken out (benchmarks/vllm016_gpu/route_c_rope.py)
+DEEP = {
+    "ours plain": "v16-deep24-ours-plain",
+    "ours EAGLE-3 k=3": "v16-deep24-ours-eagle3-k3-ownhead",
+    "ours EAGLE-3 k=3, rope as 0.16": "v16-deep24-ours-eagle3-k3-ownhead-rope016",
+    "stock plain": "v16-deep24-stock-plain",
+    "stock EAGLE-3 k=3": "v16-deep24-stock-eagle3-k3-ownhead",
+    "stock EAGLE-3 k=3, rope as 0.16": "v16-deep24-stock-eagle3-k3-ownhead-rope016",
+}
+#: patches whose state distinguishes the calls' EAGLE-3 runs
+CALL_PATCHES = ("draft-attention-tile", "bench-route-c-rope-as-016")
+
+
+def deep_section(calls: dict, summary: dict) -> list[str]:
     L = [
         "## K2.5 slice, 24 layers (dummy weights), TP-8 drafter with its own head, single stream",
         "",
         "ms per engine step = (median of 5 129-token requests - median of 5 interleaved 1-token requests) / steps; "
-        "dummy weights accept no draft, so every EAGLE-3 step is a full verify + draft step.",
+        "dummy weights accept no draft, so every EAGLE-3 step is a full verify + draft step. One table per device "
+        "call: ratios are taken within a call only. 'rope as 0.16': route C's rotary op (0.20's) casts 0.16's bf16 "
+        "cos/sin cache on every call, 0.16's own op does not; these engines hand it a float32 copy made once "
+        "(`benchmarks/vllm016_gpu/route_c_rope.py`, stock and ours alike).",
         "",
     ]
-    if missing:
-        L += [f"Not measured (the device call's time ran out): {', '.join(missing)}.", ""]
-    L += [
-        "| context | " + " | ".join(have) + " | t_spec/t_plain ours | plain: stock / ours |",
-        "|---|" + "---:|" * (len(have) + 2),
-    ]
-    for ctx in map(str, CONTEXTS):
-        ms = {k: r["contexts"][ctx]["step_ms"] for k, r in have.items() if ctx in r.get("contexts", {})}
-        pair = {"ours EAGLE-3 k=3", "ours plain"} <= ms.keys()
-        ratio = round(ms["ours EAGLE-3 k=3"] / ms["ours plain"], 3) if pair else "-"
-        speed = round(ms["stock plain"] / ms["ours plain"], 2) if {"stock plain", "ours plain"} <= ms.keys() else "-"
-        summary[f"deep24 {ctx}"] = {**ms, "t_spec_over_t_plain_ours": ratio, "plain_stock_over_ours": speed}
-        cells = " | ".join(str(ms.get(k, "-")) for k in have)
-        L.append(f"| {int(ctx) // 1024}k | {cells} | **{ratio}** | {speed} |")
-    L += [
+    for call, runs in calls.items():
+        have = {k: runs[v] for k, v in DEEP.items() if v in runs}
+        if not have:
+            continue
+        spec = [k for k in have if k.startswith("ours EAGLE-3")]
+        L += [
+            f"### Call {call}",
+            "",
+            "| context | " + " | ".join(have) + "".join(f" | {k} / ours plain" for k in spec)
+            + " | plain: stock / ours |",
+            "|---|" + "---:|" * (len(have) + len(spec) + 1),
+        ]  # fmt: skip
+        for ctx in map(str, CONTEXTS):
+            ms = {k: r["contexts"][ctx]["step_ms"] for k, r in have.items() if ctx in r.get("contexts", {})}
+            ratios = {k: round(ms[k] / ms["ours plain"], 3) if {k, "ours plain"} <= ms.keys() else "-" for k in spec}
+            speed = (
+                round(ms["stock plain"] / ms["ours plain"], 2) if {"stock plain", "ours plain"} <= ms.keys() else "-"
+            )
+            summary[f"deep24 {call} {ctx}"] = {**ms, **{f"{k} / ours plain": v for k, v in ratios.items()},
+                                               "plain_stock_over_ours": speed}  # fmt: skip
+            cells = " | ".join(str(ms.get(k, "-")) for k in have)
+            L.append(
+                f"| {int(ctx) // 1024}k | {cells}" + "".join(f" | **{v}**" for v in ratios.values()) + f" | {speed} |"
+            )
+        L += [
+            "",
+            "Patches in the engines (worker side): "
+            + "; ".join(f"{k}: " + ", ".join(f"{p}={r['patches'].get(p, 'absent')}" for p in GPU_PATCHES + CALL_PATCHES)
+                        for k, r in have.items()),
+            "",
+        ]  # fmt: skip
+    return L
+
+
+def gguf_section(runs: dict, summary: dict) -> list[str]:
+    kept, ref = runs.get("gguf-q4k-experts-kept"), runs.get("gguf-dequantized-reference")
+    if not (kept and ref):
+        return []
+    c = compare_greedy(ref, kept)
+    summary["gguf"] = {"tok_s": kept["single_stream"]["tok_s"], "reference_tok_s": ref["single_stream"]["tok_s"],
+                       "greedy_identical": [c["identical"], c["prompts"]]}  # fmt: skip
+    return [
+        "## GGUF on 0.16 (trained tiny target): experts kept quantized",
         "",
-        "Patches in the engines (worker side): "
-        + "; ".join(f"{k}: " + ", ".join(f"{p}={r['patches'].get(p)}" for p in GPU_PATCHES) for k, r in have.items()),
+        "`q4k.gguf`: experts' gate/up Q4_K and down Q8_0 kept quantized (vLLM's GGUF kernels), attention Q8_0 "
+        'force-dequantized (`force_dequant: ["blk.*.attn_*"]`); the reference is a safetensors checkpoint of '
+        "gguf-py's dequantization of the same file (the `gguf` suite of gpu_engine_e2e.py).",
+        "",
+        f"- greedy tokens: {_fmt_greedy(c)}",
+        f"- single stream: GGUF {kept['single_stream']['tok_s']} tok/s, reference {ref['single_stream']['tok_s']} "
+        f"tok/s (impl {kept['impls']}, CUDA graphs {graph_modes(kept)}); loader patch "
+        f"gguf-deepseek-force-dequant={kept['patches'].get('gguf-deepseek-force-dequant')}",
+        "",
     ]
-    return L + [""]
+
+
+def host_section(runs: dict, summary: dict, top: int = 12) -> list[str]:
+    cases = {n: r for n, r in sorted(runs.items()) if n.startswith("v16hostprof")}
+    L = []
+    for name, r in cases.items():
+        p, h = r["profile"], r["host"]
+        summary[name] = {
+            "gpu_busy": p["gpu_busy_ms_per_step"],
+            "gpu_idle": p["gpu_idle"]["ms_per_step"],
+            "host_waits": p["host_waits"]["ms_per_step"],
+            "wall_unprofiled": r["wall_ms_per_step"],
+        }
+        L += [
+            f"## Where the host spends a 4k EAGLE-3 step ({name})",
+            "",
+            f"Unprofiled: {r['wall_ms_per_step']} ms per step (1-token request overhead included). torch.profiler: "
+            f"GPU busy {p['gpu_busy_ms_per_step']} ms, GPU idle (gaps >= {p['gpu_idle']['min_gap_us']:.0f} us) "
+            f"{p['gpu_idle']['ms_per_step']} ms per step; the host blocked in CUDA synchronisation "
+            f"{p['host_waits']['ms_per_step']} ms per step ("
+            + ", ".join(f"{w['call']} {w['calls']}x {w['ms']} ms" for w in p["host_waits"]["by_call"][:2])
+            + "). cProfile of the engine's thread (inflates host time; per step, inclusive / own ms):",
+            "",
+            "| function | calls | inclusive ms | own ms |",
+            "|---|---:|---:|---:|",
+        ]
+        for f in h["by_inclusive"][:top]:
+            L.append(f"| `{f['fn'].split('site016/')[-1]}` | {f['calls']} | {f['incl_ms']} | {f['own_ms']} |")
+        L.append("")
+    return L
 
 
 def prof_section(runs: dict, summary: dict) -> list[str]:
@@ -174,6 +256,7 @@ def main(argv=None) -> None:
     ap.add_argument("raw", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    calls = load_calls(a.raw)
     runs = load(a.raw)
     dates = sorted(r["date"] for r in runs.values())
     routes = sorted({r.get("engine_route", "?") for r in runs.values()})
@@ -191,7 +274,8 @@ def main(argv=None) -> None:
         "the model-support patches on (0.16 cannot run K2.5 EAGLE-3 without them).",
         "",
     ]
-    L += tiny_section(runs, summary) + deep_section(runs, summary) + prof_section(runs, summary)
+    L += tiny_section(runs, summary) + deep_section(calls, summary) + prof_section(runs, summary)
+    L += host_section(runs, summary) + gguf_section(runs, summary)
     a.out.mkdir(parents=True, exist_ok=True)
     fileio.write_text(str(a.out / "README.md"), "\n".join(L))
     fileio.write_json(str(a.out / "summary.json"), summary)

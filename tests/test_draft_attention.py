@@ -1,7 +1,7 @@
-"""Patches ``draft-prefill-as-decode`` and ``draft-attention-segments``: vLLM's own unified
-attention kernel, fed the drafting metadata of a stock TRITON_ATTN builder, of the patched
-one, and of the patched one with its split-KV grid widened to fill the GPU, against a
-float64 reference; the patched metadata must take the split-KV (3D) path and the stock one
+"""Patches ``draft-prefill-as-decode``, ``draft-attention-segments`` and ``draft-attention-tile``:
+vLLM's own unified attention kernel, fed the drafting metadata of a stock TRITON_ATTN builder,
+of the patched one, of the patched one with its split-KV grid widened to fill the GPU, and of
+that with the 128-key decode tile, against a float64 reference; the patched metadata must take the split-KV (3D) path and the stock one
 not, and the widened one must run more segments than stock.
 
 CPU, both engines (0.16 and latest): vLLM's kernel under the Triton interpreter (one
@@ -120,6 +120,9 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder as Builder
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
+    from vllm.v1.attention.ops import triton_unified_attention as ops
+
+    from vllm_k2_plugin.draft_attention import tile
     from vllm_k2_plugin.draft_attention.patch import _wrap_build_for_drafting
     from vllm_k2_plugin.draft_attention.segments import widen
 
@@ -136,12 +139,17 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
         ("stock", Builder.build_for_drafting),
         ("ours", _wrap_build_for_drafting(Builder.build_for_drafting)),
         ("wide", _wrap_build_for_drafting(Builder.build_for_drafting)),
+        ("tile", _wrap_build_for_drafting(Builder.build_for_drafting)),  # wide, decode tile 128
     ):
         builder = _bare_builder(heads_q, head, device)
         builder.num_heads_kv = heads_kv
         meta = build(builder, common_attn_metadata=common, draft_index=0)
-        if name == "wide":
+        if name in ("wide", "tile"):
             widen(builder, meta, sm_count)
+        stock_tile = ops._get_tile_size
+        if name == "tile":  # as if the start-up measurement had chosen it for this head size and dtype
+            ops._get_tile_size = tile._wrap_get_tile_size(stock_tile)
+            tile.CHOSEN[(head, q.element_size())] = tile.CANDIDATE
         meta.softmax_segm_max.fill_(float("nan"))
         out = torch.full_like(q, float("nan"))
         unified_attention(
@@ -153,6 +161,8 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
             softmax_segm_output=meta.softmax_segm_output, softmax_segm_max=meta.softmax_segm_max,
             softmax_segm_expsum=meta.softmax_segm_expsum,
         )  # fmt: skip
+        ops._get_tile_size = stock_tile
+        tile.CHOSEN.clear()
         err = (out.double() - ref).abs()
         result[name] = {
             "max_err": float(err.max()) if not out.isnan().any() else float("nan"),
@@ -188,6 +198,7 @@ def _check(results: dict, cases: list, tol: float) -> None:
         assert r["ours"]["max_err"] <= tol and r["stock"]["max_err"] <= tol, (case, r)
         assert r["later_pass_query_len"] == q_len, (case, r)
         assert r["wide"]["split_kv"] and r["wide"]["max_err"] <= tol, (case, r)
+        assert r["tile"]["split_kv"] and r["tile"]["max_err"] <= tol, (case, r)  # patch draft-attention-tile
         assert r["ours"]["segments"] == SEGMENTS, (case, r)
     # the widened grid ran more segments where the GPU (or CPU_SM_COUNT) has room for them
     sms = results["sm_count"]
@@ -298,6 +309,35 @@ def test_segments_probe_sees_a_build_that_widens():
         assert _upstream_fills_the_gpu() is True
     finally:
         Builder.build = stock
+
+
+def test_tile_is_used_only_where_measured_and_only_for_plain_decodes():
+    from vllm.v1.attention.ops import triton_unified_attention as ops
+
+    from vllm_k2_plugin.draft_attention import tile
+
+    get = tile._wrap_get_tile_size(ops._get_tile_size)
+    stock = [ops._get_tile_size(128, 0, 2, is_prefill=p) for p in (False, True)]
+    assert [get(128, 0, 2, is_prefill=p) for p in (False, True)] == stock  # nothing measured yet
+    tile.CHOSEN[(128, 2)] = tile.CANDIDATE
+    try:
+        assert get(128, 0, 2, is_prefill=False) == tile.CANDIDATE
+        assert get(128, 0, 2, is_prefill=True) == stock[1]  # prefill: vLLM's
+        assert get(128, 1024, 2, is_prefill=False) == ops._get_tile_size(128, 1024, 2, is_prefill=False)  # window
+        assert get(128, 0, 1, is_prefill=False) == ops._get_tile_size(128, 0, 1, is_prefill=False)  # fp8
+        assert get(64, 0, 2, is_prefill=False) == ops._get_tile_size(64, 0, 2, is_prefill=False)  # not measured
+    finally:
+        tile.CHOSEN.clear()
+    assert not tile._upstream_tiles_wider()  # stock decodes 16-bit KV with smaller tiles
+
+
+def test_tile_needs_a_match_and_a_clear_win():
+    from vllm_k2_plugin.draft_attention.tile import decide
+
+    assert decide(95.0, 37.9, 2e-3)  # the H200's 128k numbers
+    assert not decide(95.0, 93.0, 2e-3)  # within the margin: vLLM's
+    assert not decide(95.0, 37.9, 0.5)  # a wrong result is never faster
+    assert not decide(95.0, 37.9, float("nan"))
 
 
 @pytest.mark.gpu

@@ -29,7 +29,7 @@ def test_committed_readme_and_summary_are_the_reports_output(tmp_path):
 
 
 def test_every_raw_result_names_its_engine_route_command_and_date():
-    raw = sorted((RESULTS / "raw").glob("*.json"))
+    raw = sorted((RESULTS / "raw").rglob("*.json"))
     assert raw
     for p in raw:
         r = json.loads(p.read_text())

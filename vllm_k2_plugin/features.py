@@ -25,6 +25,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.draft_graph.drafter_backend",
     "vllm_k2_plugin.draft_attention.patch",
     "vllm_k2_plugin.draft_attention.segments",
+    "vllm_k2_plugin.draft_attention.tile",
     "vllm_k2_plugin.moe_verify.patch",
     "vllm_k2_plugin.rope_cache.patch",
     "vllm_k2_plugin.comm.patch",

@@ -18,6 +18,7 @@ import functools
 from ..patching import REGISTRY, PatchContext
 
 MODULE = "vllm.v1.attention.backends.triton_attn"
+PATCH_NAME = "draft-attention-segments"
 #: vLLM's reduce kernel holds segments x head size fp32 per program: 128 x 128 is 128
 #: registers a thread at its 4 warps.
 MAX_SEGMENTS = 128
@@ -106,7 +107,7 @@ def _upstream_fills_the_gpu() -> bool:
 
 
 @REGISTRY.patch(
-    name="draft-attention-segments",
+    name=PATCH_NAME,
     feature="draft_attention",
     target=f"{MODULE}:TritonAttentionMetadataBuilder.build",
     applies_to=">=0.16",
