@@ -1,8 +1,9 @@
 """Patches ``draft-prefill-as-decode``, ``draft-attention-segments`` and ``draft-attention-tile``:
 vLLM's own unified attention kernel, fed the drafting metadata of a stock TRITON_ATTN builder,
 of the patched one, of the patched one with its split-KV grid widened to fill the GPU, and of
-that with the 128-key decode tile, against a float64 reference; the patched metadata must take the split-KV (3D) path and the stock one
-not, and the widened one must run more segments than stock.
+that with the 128-key decode tile, against a float64 reference; the patched metadata must take
+the split-KV (3D) path and the stock one not, and the widened one must run more segments than
+stock.
 
 CPU, both engines (0.16 and latest): vLLM's kernel under the Triton interpreter (one
 subprocess: the interpreter must be chosen before triton is imported; vLLM's CPU build hides
@@ -118,9 +119,8 @@ def _reference(q, k, v, table, contexts, q_len, page):
 
 def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder as Builder
-    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
     from vllm.v1.attention.ops import triton_unified_attention as ops
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     from vllm_k2_plugin.draft_attention import tile
     from vllm_k2_plugin.draft_attention.patch import _wrap_build_for_drafting

@@ -151,7 +151,7 @@ def _check_once(device_index: int, heads_q: int, heads_kv: int, head: int, dtype
         m = measure(torch.device("cuda", device_index), heads_q, heads_kv, head, dtype, segs)
     except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or run: vLLM's tile
         MEASURED[key] = {"error": f"{type(e).__name__}: {e}"}
-        logger().warning("vllm-k2: draft-attention-tile: %s: %s; vLLM's decode tile kept", where, MEASURED[key]["error"])
+        logger().warning("vllm-k2: draft-attention-tile: %s: %s; vLLM's decode tile kept", where, e)
         return
     MEASURED[key] = m
     used = decide(m["stock_us"], m["ours_us"], m["rel_err"])
