@@ -70,6 +70,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--tiles", default=",".join(map(str, TILES)))
+    ap.add_argument("--rows", default="1,4")
+    ap.add_argument("--waves", type=int, default=1, help="segments up to this many waves of the SMs (several rows)")
     ap.add_argument("--report", help="results folder to render (no GPU)")
     args = ap.parse_args(argv)
     if args.report:
@@ -96,13 +99,14 @@ def main(argv=None) -> int:
     scale = HEAD**-0.5
     rows_out = []
     for ctx in map(int, args.contexts.split(",")):
-        for rows in (1, 4):
-            segs_ok = [s for s in SEGMENTS if s == 16 or rows * HEADS_KV * s <= sms]
+        for rows in map(int, args.rows.split(",")):
+            waves = args.waves if rows > 1 else 1  # scratch as vLLM sizes it: 16 rows x 16 segments
+            segs_ok = [s for s in SEGMENTS if s == 16 or (rows * HEADS_KV * s <= sms * waves and rows * s <= 256)]
             kv, q, seq, bt, cu = _inputs(torch, rows, ctx, gen)
             ref = _reference(torch, kv, q, seq, bt, scale)
             kc, vc = kv.unbind(1)
             ones = torch.ones(1, dtype=torch.float32, device="cuda").expand(rows, HEADS_KV)
-            for tile in TILES:
+            for tile in map(int, args.tiles.split(",")):
                 ua._get_tile_size = _decode_tile(stock_tile, tile)
                 for segs in segs_ok:
                     out = torch.empty_like(q)
@@ -157,23 +161,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def report(folder: str) -> int:
-    """README.md of a results folder: the probe's table per context and rows, and the engine cases."""
-    import glob
-
-    d = json.load(open(os.path.join(folder, "dattn_tile_probe.json")))
+def _probe_table(d: dict, name: str) -> list[str]:
     L = [
-        "# TRITON_ATTN's split-KV decode by tile size at a K2.5 drafter's TP-8 shape (H200)",
+        f"## `{name}`: `{d['command']}`, {d['date']}",
         "",
-        f"Written by `python3 benchmarks/draft_attention_tile_probe.py --report {folder}` from "
-        f"`dattn_tile_probe.json` (written on the device by `{d['command']}`, {d['date']}; vLLM {d['vllm']}, "
-        f"{d['engine_route']}, torch {d['torch']}, Triton {d['triton']}, {d['gpu']}).",
-        "",
-        f"{d['what']}. vLLM's own `unified_attention` (3D kernel + its reduce), the decode tile overridden, "
-        "kernel-only us (torch.profiler, median of 15, L2 flushed between calls); 1 row = a chained draft pass, "
-        "4 rows = the first pass as decode rows of one request (patch draft-prefill-as-decode). vLLM's choice: "
-        "tile 16; 16 segments stock, more with patch draft-attention-segments. Every output within the stated "
-        "relative L2 difference of a float32 reference. TB/s = the context's K and V bytes / time.",
+        f"vLLM {d['vllm']} ({d['engine_route']}), torch {d['torch']}, Triton {d['triton']}, {d['gpu']}.",
         "",
         "| context | rows | tile | segments | us | TB/s | rel. L2 vs float32 |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -184,32 +176,70 @@ def report(folder: str) -> int:
         else:
             L.append(f"| {r['ctx']} | {r['rows']} | {r['tile']} | {r['segments']} | {r['us']} | {r['tb_s']} | "
                      f"{r['rel_err']:.1e} |")  # fmt: skip
-    runs = {}
-    for p in sorted(glob.glob(os.path.join(folder, "raw", "*.json"))):
+    return L + [""]
+
+
+#: bench-only patches whose state tells an engine case's configuration apart
+CASE_PATCHES = ("draft-attention-tile", "bench-draft-segments-two-waves", "bench-draft-segments-one-wave")
+
+
+def _call_table(call: str, runs: dict) -> list[str]:
+    dates = sorted(r["date"] for r in runs.values())
+    plain = next(r for n, r in runs.items() if n.endswith("-plain"))
+    L = [
+        f"### Call {call} ({dates[0]} .. {dates[-1]}), vLLM {plain['vllm']} ({plain['engine_route']})",
+        "",
+        "| case | " + " | ".join(CASE_PATCHES) + " | "
+        + " | ".join(f"{int(c) // 1024}k ms (/ plain)" for c in plain["contexts"]) + " |",
+        "|---|" + "---|" * len(CASE_PATCHES) + "---:|" * len(plain["contexts"]),
+    ]  # fmt: skip
+    for n, r in runs.items():
+        ms = {c: r["contexts"][c]["step_ms"] for c in plain["contexts"]}
+        cells = [f"{ms[c]} ({ms[c] / plain['contexts'][c]['step_ms']:.3f})" for c in plain["contexts"]]
+        states = [str(r["patches"].get(p, "absent")) for p in CASE_PATCHES]
+        L.append(f"| {n} | " + " | ".join(states) + " | " + " | ".join(cells) + " |")
+    return L + [""]
+
+
+def report(folder: str) -> int:
+    """README.md of a results folder: each probe file's table, and the engine cases of each
+    device call (raw/<call>/), ratios within a call only."""
+    import glob
+
+    L = [
+        "# TRITON_ATTN's split-KV decode by tile size at a K2.5 drafter's TP-8 shape (H200)",
+        "",
+        f"Written by `python3 benchmarks/draft_attention_tile_probe.py --report {folder}` from the probe files "
+        "(`dattn_tile_probe*.json`, each written on the device by the command it names) and the engine cases in "
+        "`raw/` (one folder per device call, each file written by `gpu_engine_e2e.py case`).",
+        "",
+        "Probe: 8 query heads, 1 KV head, head 128, page 16 (a K2.5 drafter at TP 8). vLLM's own "
+        "`unified_attention` (3D kernel + its reduce), the decode tile overridden, kernel-only us (torch.profiler, "
+        "median of 15, L2 flushed between calls); 1 row = a chained draft pass, 4 rows = the first pass as decode "
+        "rows of one request (patch draft-prefill-as-decode). vLLM's choice: tile 16; 16 segments stock, more with "
+        "patch draft-attention-segments (4 rows x 64 segments = two waves of the H200's 132 SMs). Every output "
+        "within the stated relative L2 difference of a float32 reference. TB/s = the context's K and V bytes / time.",
+        "",
+    ]  # fmt: skip
+    for p in sorted(glob.glob(os.path.join(folder, "dattn_tile_probe*.json"))):
+        L += _probe_table(json.load(open(p)), os.path.basename(p))
+    calls: dict[str, dict] = {}
+    for p in sorted(glob.glob(os.path.join(folder, "raw", "*", "*.json"))):
         r = json.load(open(p))
-        runs[r["case"]["name"]] = r
-    if runs:
-        dates = sorted(r["date"] for r in runs.values())
-        plain = next(r for n, r in runs.items() if n.endswith("-plain"))
+        calls.setdefault(os.path.basename(os.path.dirname(p)), {})[r["case"]["name"]] = r
+    if calls:
         L += [
+            "## In the engine: 24-layer K2.5 slice, every patch, own-head TP-8 drafter",
             "",
-            f"## In the engine: 24-layer K2.5 slice, every patch, one device call ({dates[0]} .. {dates[-1]})",
+            "ms per engine step as in gpu_engine_e2e.py (`steps`); dummy weights, so every EAGLE-3 step verifies "
+            "3 drafts and drafts 3; ratios to the plain step of the same call. In call 5, when one wave of the SMs "
+            "was the default for the first pass's rows, `bench-draft-segments-two-waves` let them fill it twice; "
+            "two waves are the default since (`bench-draft-segments-one-wave`, benchmarks/draft_segment_waves.py, "
+            "now runs the old rule).",
             "",
-            f"vLLM {plain['vllm']} ({plain['engine_route']}); ms per engine step as in gpu_engine_e2e.py (`steps`); "
-            "dummy weights, so every EAGLE-3 step verifies 3 drafts and drafts 3. Raw files in `raw/`.",
-            "",
-            "| case | draft-attention-tile | "
-            + " | ".join(f"{int(c) // 1024}k ms (/ plain)" for c in plain["contexts"])
-            + " |",
-            "|---|---|" + "---:|" * len(plain["contexts"]),
-        ]  # fmt: skip
-        for n, r in runs.items():
-            ms = {c: r["contexts"][c]["step_ms"] for c in plain["contexts"]}
-            cells = [f"{ms[c]} ({ms[c] / plain['contexts'][c]['step_ms']:.3f})" for c in plain["contexts"]]
-            L.append(f"| {n} | {r['patches'].get('draft-attention-tile')} | " + " | ".join(cells) + " |")
-        logs = [x for r in runs.values() for x in r.get("log_lines", []) if "draft-attention-tile:" in x]
-        if logs:
-            L += ["", "The start-up measurement's log line: `" + logs[0].split("vllm-k2: ", 1)[-1] + "`"]
+        ]
+        for call, runs in calls.items():
+            L += _call_table(call, runs)
     from vllm_k2_plugin import fileio
 
     fileio.write_text(os.path.join(folder, "README.md"), "\n".join(L) + "\n")

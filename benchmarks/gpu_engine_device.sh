@@ -36,8 +36,9 @@ for step in "$@"; do
         > "$OUT/pytest.log" 2>&1
       tail -15 "$OUT/pytest.log" ;;
     dattn)  # vLLM's TRITON_ATTN 3D decode kernel by tile and segments at the drafter's TP-8 shape
+      # shellcheck disable=SC2086
       timeout $((left > 150 ? 150 : left)) python3 benchmarks/draft_attention_tile_probe.py \
-        --out "$OUT/dattn_tile_probe.json" > "$OUT/dattn.log" 2>&1
+        --out "$OUT/dattn_tile_probe.json" ${DATTN_ARGS:-} > "$OUT/dattn.log" 2>&1
       tail -4 "$OUT/dattn.log" ;;
     prefill)  # prefill tokens/s of the 24-layer slice (the planner's calibration, issue 39 item 5)
       timeout $((left > 200 ? 200 : left)) python3 benchmarks/prefill_throughput.py --model .gpub/e2e/slice24 \

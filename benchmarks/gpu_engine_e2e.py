@@ -1087,6 +1087,8 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**s24, "name": "dg24t-plain"},
                 {**s24, "name": "dg24t-eagle3-k3-ownhead", **own},
                 {**s24, "name": "dg24t-eagle3-k3-ownhead-tileoff", **own, "disable": ["draft-attention-tile"]},
+                # the first pass's 4 rows in one wave of the SMs (32 segments) instead of two (64, the default)
+                {**s24, "name": "dg24t-eagle3-k3-ownhead-1wave", **own, "segment_waves": 1},
             ]
         if name == "dg24stock":  # stock vLLM vs every patch, 24 layers (steps / profiled: one call each, ONLY)
             own = {"spec": e3("slice24-draft-tp8"), "draft_head": "own"}
@@ -1256,6 +1258,8 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         extra.append(DUMMY_DRAFT_HEAD)
     if case.get("route_c_rope"):
         extra.append(ROUTE_C_ROPE)
+    if case.get("segment_waves") == 1:
+        extra.append("benchmarks.draft_segment_waves")
     if extra:
         env["VLLM_K2_EXTRA_PATCH_MODULES"] = ",".join(extra)
     return env

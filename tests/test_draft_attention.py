@@ -279,15 +279,15 @@ def test_upstream_probe_sees_the_rewrite():
         Builder.build_for_drafting = stock
 
 
-def test_segment_count_fills_the_sms_once_within_the_scratch():
+def test_segment_count_fills_the_sms_within_the_scratch():
     from vllm_k2_plugin.draft_attention.segments import MAX_SEGMENTS, wide_segments
 
     # H200 (132 SMs), K2.5's drafter at TP 8 (one KV head), stock scratch 128 rows x 16 segments
     assert wide_segments(1, 1, 132, 16, 2048) == MAX_SEGMENTS
-    assert wide_segments(4, 1, 132, 16, 2048) == 32  # 4 x 32 = 128 programs <= 132
-    assert wide_segments(9, 1, 132, 16, 2048) == 16  # 9 x 32 > 132: stock
+    assert wide_segments(4, 1, 132, 16, 2048) == 64  # several rows: two waves, 4 x 64 = 256 <= 2 x 132
+    assert wide_segments(9, 1, 132, 16, 2048) == 16  # 9 x 32 > 2 x 132: stock
     assert wide_segments(1, 8, 132, 16, 2048) == 16  # 8 KV heads fill the SMs at 16 already
-    assert wide_segments(2, 1, 188, 16, 2048) == 64  # sm_120's 188 SMs
+    assert wide_segments(2, 1, 188, 16, 2048) == 128  # sm_120's 188 SMs, two waves
     assert wide_segments(4, 1, 132, 16, 64) == 16  # partials of 4 rows x 32 segments need 128 rows
 
 

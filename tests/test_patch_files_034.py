@@ -180,5 +180,6 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     assert stock["rope_cache_handed"]["dtype"] == "torch.bfloat16"
     # segments: build gives the counts the twin's rule gives stock's metadata, on an H200's SMs.
     assert stock["segments_build"] == [16] * len(ROWS)
-    assert files_only["segments_build"] == stock["segments_twin"] == [128, 64, 32, 16, 16, 16, 16]
+    # rows 1, 2, 4, 8 widen (several rows: two waves of the 132 SMs), 9+ stay stock
+    assert files_only["segments_build"] == stock["segments_twin"] == [128, 128, 64, 32, 16, 16, 16]
     assert files_only["segments_twin"] == files_only["segments_build"]  # the twin adds nothing on top

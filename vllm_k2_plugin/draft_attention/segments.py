@@ -5,7 +5,7 @@ Why: the 3D kernel runs (sequences x KV heads x 16 segments) programs. A K2.5 dr
 its TP-8 share has one KV head, so a single-stream draft pass is 16 programs each walking a
 sixteenth of the context: 0.49 ms of the drafter's 3 passes per step at 32k on the H200
 (profiled, 24-layer slice), ~9 % of the step. Here ``build`` gives such batches more
-segments, as many as fill the SMs once (a power of two, at most MAX_SEGMENTS), laid out in
+segments, as many as fill the SMs once, twice for several rows (a power of two, at most MAX_SEGMENTS), laid out in
 the builder's own scratch (no new allocation): stock sizes it for ``seq_threshold_3D`` rows
 of 16 segments, and a small batch needs far fewer rows. The count depends only on the
 batch's shape, so every CUDA graph captured for a shape replays the grid it was built with.
@@ -24,13 +24,20 @@ PATCH_NAME = "draft-attention-segments"
 MAX_SEGMENTS = 128
 
 
+#: How many times a batch of several rows (the drafter's first pass: 1 + k rows of one request)
+#: may fill the SMs: two waves. H200, 4 rows at 128k with 128-key tiles: 64 segments 65.7 µs
+#: against 108.9 at 32 (one wave); 32k 23.3 vs 33.8 (benchmarks/results/draft_attention_tile_h200/).
+MULTI_ROW_WAVES = 2
+
+
 def wide_segments(rows: int, kv_heads: int, sm_count: int, stock: int, scratch_segment_rows: int) -> int:
     """Segments per row (query token) for a batch of ``rows`` one-token rows: the largest power
-    of two whose grid (rows x KV heads x segments) fits the SMs once and whose partials fit
-    the scratch; never fewer than stock's."""
+    of two whose grid (rows x KV heads x segments) fits the SMs once (MULTI_ROW_WAVES times for
+    several rows) and whose partials fit the scratch; never fewer than stock's."""
+    budget = sm_count * (MULTI_ROW_WAVES if rows > 1 else 1)
     best = stock
     s = stock * 2
-    while s <= MAX_SEGMENTS and rows * kv_heads * s <= sm_count and rows * s <= scratch_segment_rows:
+    while s <= MAX_SEGMENTS and rows * kv_heads * s <= budget and rows * s <= scratch_segment_rows:
         if scratch_segment_rows % s == 0:
             best = s
         s *= 2
