@@ -55,6 +55,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "draft-attention-triton": (NOT_APPLICABLE, NO_CUDA),
     "draft-prefill-as-decode": (FAILED, "TritonAttentionMetadataBuilder.build_for_drafting is missing"),
     "draft-attention-segments": (APPLIED, ""),
+    "draft-attention-tile": (NOT_APPLICABLE, NO_CUDA),
     "moe-group-tokens-by-expert": (APPLIED, ""),
     "rope-float32-cache": (NOT_APPLICABLE, NO_CUDA),
     # its retire probe failed on 0.34 until it set mnnvl_only (a new attribute of the gate)
