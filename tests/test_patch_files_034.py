@@ -21,7 +21,13 @@ from .conftest import REPO, engine_env
 
 pytestmark = pytest.mark.vllm034
 VERSION = "0.34.0"
-TWINS = ("rope-float32-cache", "moe-group-tokens-by-expert", "draft-attention-segments", "tp-pcie-oneshot-allreduce")
+TWINS = (
+    "rope-float32-cache",
+    "moe-group-tokens-by-expert",
+    "draft-attention-segments",
+    "tp-pcie-oneshot-allreduce",
+    "spec-guard-no-draft-rpc",
+)
 #: 0004's opt-in (bytes); the probe runs see it set, so stock answers False despite it.
 PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024)}
 #: Rows of a one-KV-head decode batch (8 query heads, scratch of 16 rows x 16 segments).
@@ -43,6 +49,7 @@ from vllm_k2_plugin.draft_attention.segments import _upstream_fills_the_gpu, wid
 from vllm_k2_plugin.moe_verify.patch import _upstream_sorts_small_batches
 from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.rope_cache.patch import _upstream_hands_float_cache
+from vllm_k2_plugin.spec_guard.no_draft_rpc import _upstream_skips_rpc
 
 from tests.gpu_patch_probes import moe_assignment, rope_cache_handed
 
@@ -89,6 +96,7 @@ result = {
     "rope_cache_handed": rope_cache_handed(),
     "segments_no_gpu": _upstream_fills_the_gpu(),
     "pcie_takes_ranks": _upstream_takes_pcie_ranks(),
+    "no_draft_rpc": _upstream_skips_rpc(),
     "states": {p.name: p.state.value for p in REGISTRY},
 }
 # The segments probe builds on the CPU; what a CUDA platform with SMS SMs would answer:
@@ -169,7 +177,7 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     stock.pop("vllm_from")
 
     # Each twin's own upstream probe: False on stock 0.34, True with the files (twins off).
-    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks")
+    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc")
     assert {k: stock[k] for k in probes} == dict.fromkeys(probes, False)
     assert {k: files_only[k] for k in probes} == dict.fromkeys(probes, True)
     # without a CUDA-alike platform the file's build keeps stock's 16 segments
@@ -357,3 +365,108 @@ def test_pcie_allreduce_file_on_eight_pcie_ranks(patched_site):
     ):
         assert case["enabled"] == [False] and case["admits_kib"] == [], case
         assert len(case["warnings"]) == 1 and why in case["warnings"][0], case["warnings"]
+
+
+#: vLLM 0.34's own Scheduler (a tiny Llama config, no weights, no GPU) with a dynamic
+#: speculative decoding schedule of K = 0 at batch 1 and K = 2 at 2-4, and EngineCore's
+#: post_step on a bare synchronous core around it (the executor a recorder). Per step:
+#: the K scheduled, the scheduler's record, the executor calls post_step made and the
+#: drafts the step's requests then hold.
+RPC_PROBE = r"""
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                         SpeculativeConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import DraftTokenIds
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=256)
+spec = SpeculativeConfig(
+    method="ngram", num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=1,
+    num_speculative_tokens_per_batch_size=[(1, 1, 0), (2, 4, 2)],
+    target_model_config=model, target_parallel_config=ParallelConfig(),
+)
+config = VllmConfig(
+    model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
+    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256,
+                                     is_encoder_decoder=False),
+    cache_config=CacheConfig(block_size=16),
+)
+config.cache_config.num_gpu_blocks = 64
+spec_kv = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
+scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                      block_size=16, log_stats=False)
+
+
+class Executor:
+    def __init__(self):
+        self.calls = 0
+
+    def take_draft_token_ids(self):  # what the worker would answer: stale drafts, visibly not empty
+        self.calls += 1
+        ids = list(scheduler.requests)
+        return DraftTokenIds(ids, [[7, 7] for _ in ids])
+
+
+core = EngineCore.__new__(EngineCore)
+core.scheduler, core.model_executor = scheduler, Executor()
+core.check_for_draft_tokens, core.async_scheduling, core.batch_queue = True, False, None
+steps = []
+for new in (["a"], ["b", "c"]):
+    for rid in new:
+        scheduler.add_request(Request(request_id=rid, prompt_token_ids=[1, 2, 3, 4],
+                                      sampling_params=SamplingParams(max_tokens=8), pooling_params=None))
+    out = scheduler.schedule()
+    record = getattr(scheduler, "draftless_req_ids", "absent")
+    before = core.model_executor.calls
+    core.post_step(model_executed=True)
+    steps.append({
+        "k": out.num_spec_tokens_to_schedule,
+        "record": record,
+        "executor_calls": core.model_executor.calls - before,
+        "drafts": {rid: scheduler.requests[rid].spec_token_ids for rid in out.num_scheduled_tokens},
+    })
+print(json.dumps(steps))
+"""
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 256,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}  # fmt: skip
+
+
+def _rpc(env, model_dir) -> list[dict]:
+    out = subprocess.run(
+        [sys.executable, "-c", RPC_PROBE, str(model_dir)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_no_draft_rpc_file_on_vllms_scheduler(patched_site, tmp_path):
+    """0005 on vLLM 0.34's own Scheduler and post_step: a step the schedule runs at K = 0
+    is recorded and gets its empty drafts without an executor call; a K = 2 step asks the
+    worker as stock does. Stock asks after both."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    patched_env = engine_env(PYTHONPATH=os.pathsep.join([str(patched_site), str(REPO)]), VLLM_K2_DISABLE="1")
+    k0, k2 = _rpc(patched_env, tmp_path)
+    stock = _rpc(engine_env(VLLM_K2_DISABLE="1"), tmp_path)
+
+    assert [s["k"] for s in stock] == [k0["k"], k2["k"]] == [0, 2]
+    assert [s["record"] for s in stock] == ["absent", "absent"]
+    assert [s["executor_calls"] for s in stock] == [1, 1]
+    assert stock[0]["drafts"] == {"a": [7, 7]}  # the worker's answer, stored
+    assert (k0["record"], k0["executor_calls"], k0["drafts"]) == (["a"], 0, {"a": []})
+    assert (k2["record"], k2["executor_calls"]) == (None, 1)
+    assert set(k2["drafts"]) == {"b", "c"} and all(d == [7, 7] for d in k2["drafts"].values())
