@@ -21,7 +21,15 @@ from .conftest import REPO, engine_env
 
 pytestmark = pytest.mark.vllm034
 VERSION = "0.34.0"
-TWINS = ("rope-float32-cache", "moe-group-tokens-by-expert", "draft-attention-segments")
+TWINS = (
+    "rope-float32-cache",
+    "moe-group-tokens-by-expert",
+    "draft-attention-segments",
+    "tp-pcie-oneshot-allreduce",
+    "spec-guard-no-draft-rpc",
+)
+#: 0004's opt-in (bytes); the probe runs see it set, so stock answers False despite it.
+PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024)}
 #: Rows of a one-KV-head decode batch (8 query heads, scratch of 16 rows x 16 segments).
 ROWS = (1, 2, 4, 8, 9, 16, 17)
 H200_SMS = 132
@@ -36,10 +44,12 @@ from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder as Builder
+from vllm_k2_plugin.comm.patch import _upstream_takes_pcie_ranks
 from vllm_k2_plugin.draft_attention.segments import _upstream_fills_the_gpu, widen
 from vllm_k2_plugin.moe_verify.patch import _upstream_sorts_small_batches
 from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.rope_cache.patch import _upstream_hands_float_cache
+from vllm_k2_plugin.spec_guard.no_draft_rpc import _upstream_skips_rpc
 
 from tests.gpu_patch_probes import moe_assignment, rope_cache_handed
 
@@ -85,6 +95,8 @@ result = {
     "moe_assignment": moe_assignment(),
     "rope_cache_handed": rope_cache_handed(),
     "segments_no_gpu": _upstream_fills_the_gpu(),
+    "pcie_takes_ranks": _upstream_takes_pcie_ranks(),
+    "no_draft_rpc": _upstream_skips_rpc(),
     "states": {p.name: p.state.value for p in REGISTRY},
 }
 # The segments probe builds on the CPU; what a CUDA platform with SMS SMs would answer:
@@ -157,15 +169,15 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
     assert applied.returncode == 0, applied.stdout + applied.stderr
     patched_path = os.pathsep.join([str(patched_site), str(REPO)])
-    runtime = _probe(engine_env())
-    files_only = _probe(engine_env(PYTHONPATH=patched_path, VLLM_K2_DISABLE_PATCHES=",".join(TWINS)))
-    stock = _probe(engine_env(VLLM_K2_DISABLE="1"))
+    runtime = _probe(engine_env(**PCIE_OPT_IN))
+    files_only = _probe(engine_env(PYTHONPATH=patched_path, VLLM_K2_DISABLE_PATCHES=",".join(TWINS), **PCIE_OPT_IN))
+    stock = _probe(engine_env(VLLM_K2_DISABLE="1", **PCIE_OPT_IN))
     assert files_only.pop("vllm_from").startswith(str(patched_site))
     assert not runtime.pop("vllm_from").startswith(str(patched_site))
     stock.pop("vllm_from")
 
     # Each twin's own upstream probe: False on stock 0.34, True with the files (twins off).
-    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu")
+    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc")
     assert {k: stock[k] for k in probes} == dict.fromkeys(probes, False)
     assert {k: files_only[k] for k in probes} == dict.fromkeys(probes, True)
     # without a CUDA-alike platform the file's build keeps stock's 16 segments
@@ -173,6 +185,8 @@ def test_patch_files_flip_their_twins_probes(patched_site):
 
     # moe: the file assigns like the runtime twin (stock: unsorted up to 12 tokens x top 8 of 384).
     assert runtime["states"]["moe-group-tokens-by-expert"] == "applied"
+    # pcie: stock with the opt-in set keeps the twin (its gate ignores the setting)
+    assert runtime["states"]["tp-pcie-oneshot-allreduce"] == "applied"
     assert runtime["moe_assignment"] == files_only["moe_assignment"] == ["naive"] + ["sorted"] * 4
     assert stock["moe_assignment"] == ["naive"] * 4 + ["sorted"]
     # rope: the op gets one float32 copy of the bf16 cache, the same values (the twin's cache.float()).
@@ -183,3 +197,277 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     # rows 1, 2, 4, 8 widen (several rows: two waves of the 132 SMs), 9+ stay stock
     assert files_only["segments_build"] == stock["segments_twin"] == [128, 128, 64, 32, 16, 16, 16]
     assert files_only["segments_twin"] == files_only["segments_build"]  # the twin adds nothing on top
+
+
+#: vLLM 0.34's CustomAllreduce built on 8 PCIe-only ranks of one node (threads of one
+#: process, no GPU): the CPU group's collectives and the kernel are stood in for (the
+#: kernel: a float32 sum of every rank's input; faults: rank 0 loses rank 7's values, or
+#: rounds its result toward zero: within bf16 rounding, but not the other ranks' bits).
+#: Per case (opt-in bytes or None, fault): what __init__ left, what should_custom_ar admits.
+PCIE_PROBE = r"""
+import json
+import os
+import sys
+import threading
+
+import torch
+import vllm.distributed.device_communicators.custom_all_reduce as car
+from vllm.platforms import current_platform
+
+from vllm_k2_plugin.comm.patch import _upstream_takes_pcie_ranks
+
+WORLD, KIB = 8, 1024
+
+
+class Ranks:
+    def __init__(self, fault):
+        self.barrier = threading.Barrier(WORLD, timeout=60)  # a failing rank must not hang the rest
+        self.local, self.slots, self.fault = threading.local(), [None] * WORLD, fault
+        self.cpp_fully_connected, self.warnings = [], []
+        self.Backend = torch.distributed.Backend
+
+    def _exchange(self, obj):
+        self.barrier.wait()
+        self.slots[self.local.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+    # torch.distributed as the module uses it (a CPU group)
+    def get_backend(self, group=None):
+        return "gloo"
+
+    def get_rank(self, group=None):
+        return self.local.rank
+
+    def get_world_size(self, group=None):
+        return WORLD
+
+    def all_gather(self, out, tensor, group=None):
+        for o, t in zip(out, self._exchange(tensor.clone()), strict=True):
+            o.copy_(t)
+
+    def all_gather_object(self, out, obj, group=None):
+        out[:] = self._exchange(obj)
+
+    # vllm._custom_ops as the module uses it
+    def meta_size(self):
+        return 0
+
+    def init_custom_ar(self, meta, rank_data, rank, fully_connected):
+        self.cpp_fully_connected.append(fully_connected)
+        return 1
+
+    def register_buffer(self, ptr, ptrs):
+        pass
+
+    def dispose(self, ptr):
+        pass
+
+    def all_reduce(self, ptr, inp, out, buf, size):
+        inputs = self._exchange(inp.float().clone())
+        if self.fault == "drop" and self.local.rank == 0:
+            inputs = inputs[:-1]
+        total = torch.stack(inputs).sum(0)
+        if self.fault == "truncate" and self.local.rank == 0:  # within bf16 rounding, other bits
+            total = (total.view(torch.int32) & -65536).view(torch.float32)
+        out.copy_(total.to(torch.bfloat16))
+
+
+def build(opt_in, fault):
+    os.environ.pop("VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE", None)
+    if opt_in is not None:
+        os.environ["VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE"] = str(opt_in)
+    g = Ranks(fault)
+    car.dist, car.ops, car.custom_ar = g, g, True
+    car.in_the_same_node_as = lambda group, source_rank=0: [True] * WORLD
+    car._can_p2p = lambda rank, world: True
+    car._supports_mnnvl_multimem_reduce_scatter = lambda device, world: False
+    car._all_ranks_true = lambda group, value: value
+    car.CustomAllreduce.create_shared_buffer = staticmethod(lambda *a, **k: [0] * WORLD)
+    car.CustomAllreduce.free_shared_buffer = staticmethod(lambda *a, **k: None)
+    car.logger.warning = lambda msg, *a, **k: g.warnings.append(msg % a if a else msg)
+    for name, value in dict(is_cuda_alike=True, is_cuda=False, is_rocm=False, is_fully_connected=False).items():
+        setattr(current_platform, name, lambda *a, _v=value, **k: _v)  # NVML: PCIe only
+    current_platform.get_device_capability = lambda *a, **k: None
+    current_platform.visible_device_id_to_physical_device_id = lambda i: g.local.rank
+    torch.cuda.synchronize = lambda *a, **k: None
+    made, errors = [None] * WORLD, []
+
+    def rank(r):
+        g.local.rank = r
+        try:
+            made[r] = car.CustomAllreduce(group=None, device=torch.device("cpu"))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+            g.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    ca = made[0]
+    admits = [kib for kib in (14, 56, 224, 448) if not ca.disabled and ca.should_custom_ar(
+        torch.empty(kib * KIB // 2, dtype=torch.bfloat16))]  # fmt: skip
+    return {
+        "enabled": sorted({not c.disabled for c in made}),
+        "cpp_fully_connected": sorted(set(g.cpp_fully_connected)),
+        "python_fully_connected": sorted({getattr(c, "fully_connected", None) for c in made}, key=str),
+        "admits_kib": admits,
+        "warnings": sorted(set(g.warnings)),
+        "probe": _upstream_takes_pcie_ranks(),
+    }
+
+
+print(json.dumps([build(opt_in, fault) for opt_in, fault in json.loads(sys.argv[1])]))
+"""
+PCIE_CASES = [(None, None), (64 * 1024, None), (4 << 20, None), (64 * 1024, "drop"), (64 * 1024, "truncate")]
+
+
+def _pcie(env) -> list[dict]:
+    out = subprocess.run(
+        [sys.executable, "-c", PCIE_PROBE, json.dumps(PCIE_CASES)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pcie_allreduce_file_on_eight_pcie_ranks(patched_site):
+    """0004 on vLLM's own __init__ and gate: off unless opted in; opted in, the C++ side
+    launches for 8 ranks, the Python side keeps fully_connected False, sizes below the
+    opt-in (capped at the one-stage kernel's 256 KiB) go custom; a start-up check that
+    sees a wrong sum or ranks that disagree leaves all 8 on NCCL."""
+    applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    off, small, capped, dropped, truncated = _pcie(
+        engine_env(PYTHONPATH=os.pathsep.join([str(patched_site), str(REPO)]), VLLM_K2_DISABLE="1")
+    )
+    stock = _pcie(engine_env(VLLM_K2_DISABLE="1"))
+
+    # stock 0.34: NCCL only, opt-in or not; its gate's warning
+    assert all(c["enabled"] == [False] and c["admits_kib"] == [] and not c["probe"] for c in stock)
+    assert all(c["cpp_fully_connected"] == [] for c in stock)
+    assert "not supported on more than two PCIe-only GPUs" in stock[1]["warnings"][0]
+    # the file without the opt-in: as stock (and the twin's probe keeps the twin)
+    assert (off["enabled"], off["admits_kib"], off["cpp_fully_connected"], off["probe"]) == ([False], [], [], False)
+    assert "VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE opts in" in off["warnings"][0]
+    # opted in and checked: every rank on, below the opt-in / the one-stage cap
+    for case, admits in ((small, [14, 56]), (capped, [14, 56, 224])):
+        assert case["enabled"] == [True] and case["warnings"] == [] and case["probe"] is True
+        assert case["cpp_fully_connected"] == [True] and case["python_fully_connected"] == [False]
+        assert case["admits_kib"] == admits
+    # a wrong start-up all-reduce: every rank back on NCCL, saying why
+    for case, why in (
+        (dropped, "values off the sum on (rank, count) [(0, "),
+        (truncated, "ranks disagree on the result"),
+    ):
+        assert case["enabled"] == [False] and case["admits_kib"] == [], case
+        assert len(case["warnings"]) == 1 and why in case["warnings"][0], case["warnings"]
+
+
+#: vLLM 0.34's own Scheduler (a tiny Llama config, no weights, no GPU) with a dynamic
+#: speculative decoding schedule of K = 0 at batch 1 and K = 2 at 2-4, and EngineCore's
+#: post_step on a bare synchronous core around it (the executor a recorder). Per step:
+#: the K scheduled, the scheduler's record, the executor calls post_step made and the
+#: drafts the step's requests then hold.
+RPC_PROBE = r"""
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                         SpeculativeConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import DraftTokenIds
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=256)
+spec = SpeculativeConfig(
+    method="ngram", num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=1,
+    num_speculative_tokens_per_batch_size=[(1, 1, 0), (2, 4, 2)],
+    target_model_config=model, target_parallel_config=ParallelConfig(),
+)
+config = VllmConfig(
+    model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
+    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256,
+                                     is_encoder_decoder=False),
+    cache_config=CacheConfig(block_size=16),
+)
+config.cache_config.num_gpu_blocks = 64
+spec_kv = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
+scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                      block_size=16, log_stats=False)
+
+
+class Executor:
+    def __init__(self):
+        self.calls = 0
+
+    def take_draft_token_ids(self):  # what the worker would answer: stale drafts, visibly not empty
+        self.calls += 1
+        ids = list(scheduler.requests)
+        return DraftTokenIds(ids, [[7, 7] for _ in ids])
+
+
+core = EngineCore.__new__(EngineCore)
+core.scheduler, core.model_executor = scheduler, Executor()
+core.check_for_draft_tokens, core.async_scheduling, core.batch_queue = True, False, None
+steps = []
+for new in (["a"], ["b", "c"]):
+    for rid in new:
+        scheduler.add_request(Request(request_id=rid, prompt_token_ids=[1, 2, 3, 4],
+                                      sampling_params=SamplingParams(max_tokens=8), pooling_params=None))
+    out = scheduler.schedule()
+    record = getattr(scheduler, "draftless_req_ids", "absent")
+    before = core.model_executor.calls
+    core.post_step(model_executed=True)
+    steps.append({
+        "k": out.num_spec_tokens_to_schedule,
+        "record": record,
+        "executor_calls": core.model_executor.calls - before,
+        "drafts": {rid: scheduler.requests[rid].spec_token_ids for rid in out.num_scheduled_tokens},
+    })
+print(json.dumps(steps))
+"""
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 256,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}  # fmt: skip
+
+
+def _rpc(env, model_dir) -> list[dict]:
+    out = subprocess.run(
+        [sys.executable, "-c", RPC_PROBE, str(model_dir)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_no_draft_rpc_file_on_vllms_scheduler(patched_site, tmp_path):
+    """0005 on vLLM 0.34's own Scheduler and post_step: a step the schedule runs at K = 0
+    is recorded and gets its empty drafts without an executor call; a K = 2 step asks the
+    worker as stock does. Stock asks after both."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    patched_env = engine_env(PYTHONPATH=os.pathsep.join([str(patched_site), str(REPO)]), VLLM_K2_DISABLE="1")
+    k0, k2 = _rpc(patched_env, tmp_path)
+    stock = _rpc(engine_env(VLLM_K2_DISABLE="1"), tmp_path)
+
+    assert [s["k"] for s in stock] == [k0["k"], k2["k"]] == [0, 2]
+    assert [s["record"] for s in stock] == ["absent", "absent"]
+    assert [s["executor_calls"] for s in stock] == [1, 1]
+    assert stock[0]["drafts"] == {"a": [7, 7]}  # the worker's answer, stored
+    assert (k0["record"], k0["executor_calls"], k0["drafts"]) == (["a"], 0, {"a": []})
+    assert (k2["record"], k2["executor_calls"]) == (None, 1)
+    assert set(k2["drafts"]) == {"b", "c"} and all(d == [7, 7] for d in k2["drafts"].values())

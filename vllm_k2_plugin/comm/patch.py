@@ -166,16 +166,21 @@ def _not_wanted() -> str | None:
 def _upstream_takes_pcie_ranks() -> bool:
     """Ask stock ``should_custom_ar`` for one K2.5 token (14 KiB bf16) on 8 ranks of one
     node that are not fully connected: upstream routes it off NCCL if it says yes.
-    ``mnnvl_only=False`` (all ranks on one node): vLLM 0.34's gate reads it, 0.32's does not."""
+    ``mnnvl_only=False`` (all ranks on one node): vLLM 0.34's gate reads it, 0.32's does not.
+    ``pcie_max_size``: what the staged patch file (patches/vllm-0.34.0/0004-...) sets once its
+    start-up check passed, from its opt-in ``VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE`` (0 where
+    vLLM has no such setting or it is unset: the twin stays)."""
     import importlib
 
     import torch
+    import vllm.envs as envs
 
     cls = importlib.import_module(CA_MODULE).CustomAllreduce
     probe = cls.__new__(cls)
     probe.__dict__.update(
         disabled=False, world_size=8, rank=0, fully_connected=False, mnnvl_only=False, max_size=8 * 1024 * 1024,
         batch_invariant=False, _IS_CAPTURING=False, _ptr=0,  # _ptr: its __del__ frees nothing
+        pcie_max_size=getattr(envs, "VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE", 0),
     )  # fmt: skip
     return bool(cls.should_custom_ar(probe, torch.empty(7168, dtype=torch.bfloat16)))
 

@@ -47,7 +47,9 @@ def _wrap_post_step(original):
 
 def _upstream_skips_rpc() -> bool:
     """A bare stock engine core, synchronous, its executor a recorder, told that a step of
-    one request scheduled at k = 0 just ran: upstream has this if it does not ask for drafts."""
+    one request scheduled at k = 0 just ran: upstream has this if it does not ask for drafts.
+    The scheduler stand-in records that step both as the guard does and as the staged patch
+    file (patches/vllm-0.34.0/0005-...) does, ``draftless_req_ids``; stock reads neither."""
     from types import SimpleNamespace
 
     from vllm.v1.engine.core import EngineCore
@@ -57,7 +59,7 @@ def _upstream_skips_rpc() -> bool:
     probe.model_executor, probe.check_for_draft_tokens, probe.async_scheduling = executor, True, False
     probe.batch_queue = None
     probe.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3", use_eagle=lambda: True))
-    probe.scheduler = SimpleNamespace(update_draft_token_ids=lambda drafts: None)
+    probe.scheduler = SimpleNamespace(update_draft_token_ids=lambda drafts: None, draftless_req_ids=["probe"])
     setattr(probe.scheduler, ATTR, SimpleNamespace(last_step=(0, ["probe"])))  # what the guard records
     try:
         EngineCore.post_step(probe, model_executed=True)
