@@ -27,6 +27,7 @@ TWINS = (
     "draft-attention-segments",
     "tp-pcie-oneshot-allreduce",
     "spec-guard-no-draft-rpc",
+    "draft-attention-tile",
 )
 #: 0004's opt-in (bytes); the probe runs see it set, so stock answers False despite it.
 PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024)}
@@ -45,7 +46,9 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder as Builder
 from vllm_k2_plugin.comm.patch import _upstream_takes_pcie_ranks
+from vllm.v1.attention.ops import triton_unified_attention as _ops
 from vllm_k2_plugin.draft_attention.segments import _upstream_fills_the_gpu, widen
+from vllm_k2_plugin.draft_attention.tile import _upstream_tiles_wider
 from vllm_k2_plugin.moe_verify.patch import _upstream_sorts_small_batches
 from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.rope_cache.patch import _upstream_hands_float_cache
@@ -97,6 +100,11 @@ result = {
     "segments_no_gpu": _upstream_fills_the_gpu(),
     "pcie_takes_ranks": _upstream_takes_pcie_ranks(),
     "no_draft_rpc": _upstream_skips_rpc(),
+    "tiles_wider": _upstream_tiles_wider(),
+    # the decode tile for: head 128 bf16, prefill, fp8, a sliding window, head 256
+    "tiles": [_ops._get_tile_size(*a, is_prefill=p) for a, p in
+              (((128, 0, 2), False), ((128, 0, 2), True), ((128, 0, 1), False), ((128, 4096, 2), False),
+               ((256, 0, 2), False))],
     "states": {p.name: p.state.value for p in REGISTRY},
 }
 # The segments probe builds on the CPU; what a CUDA platform with SMS SMs would answer:
@@ -177,7 +185,8 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     stock.pop("vllm_from")
 
     # Each twin's own upstream probe: False on stock 0.34, True with the files (twins off).
-    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc")
+    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc",
+              "tiles_wider")  # fmt: skip
     assert {k: stock[k] for k in probes} == dict.fromkeys(probes, False)
     assert {k: files_only[k] for k in probes} == dict.fromkeys(probes, True)
     # without a CUDA-alike platform the file's build keeps stock's 16 segments
@@ -197,6 +206,9 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     # rows 1, 2, 4, 8 widen (several rows: two waves of the 132 SMs), 9+ stay stock
     assert files_only["segments_build"] == stock["segments_twin"] == [128, 128, 64, 32, 16, 16, 16]
     assert files_only["segments_twin"] == files_only["segments_build"]  # the twin adds nothing on top
+    # tile: 128 keys for plain 16-bit decodes at head <= 128 only (the twin's measured choice, unmeasured)
+    assert stock["tiles"] == [16, 32, 32, 16, 16]
+    assert files_only["tiles"] == [128, 32, 32, 16, 16]
 
 
 #: vLLM 0.34's CustomAllreduce built on 8 PCIe-only ranks of one node (threads of one
