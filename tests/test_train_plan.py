@@ -317,3 +317,13 @@ def test_committed_results_calibrate_the_planner():
     h200 = GPUS["h200"]
     s = P.seq_time(cal, h200, cal.seq, cal.batch, cal.ttt_steps)
     assert s["t"] + P.optimizer_time(cal, h200) == pytest.approx(cal.step_s, rel=1e-9)
+
+
+def test_plan_help_renders(capsys):
+    """argparse formats help strings with %: a literal percent sign there crashes --help."""
+    ap = argparse.ArgumentParser(prog="vllm-k2 train")
+    P.register_cli(ap.add_subparsers(dest="verb"))
+    with pytest.raises(SystemExit) as e:
+        ap.parse_args(["plan", "--help"])
+    assert e.value.code == 0
+    assert "30% ASSUMED" in capsys.readouterr().out

@@ -605,7 +605,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-efficiency",
         type=_pos_float("--prefill-efficiency", 1.0),
         help="fraction of bf16 dense peak the target's prefill reaches during extraction (default: from the "
-        f"prefill measurement, else {ASSUMED_PREFILL_EFFICIENCY:.0%} ASSUMED)",
+        f"prefill measurement, else {ASSUMED_PREFILL_EFFICIENCY * 100:.0f}%% ASSUMED)",  # %%: argparse formats help
     )
     p.add_argument("--prefill-calibration", help=f"prefill results JSON (default {DEFAULT_PREFILL}, if present)")
     p.add_argument("--target-gb", type=_pos_float("--target-gb"), default=d.target_gb, help="target weights, GB")
