@@ -57,15 +57,6 @@ def _reference(torch, kv, q, seq, bt, scale):
     return torch.stack(out)
 
 
-def _decode_tile(stock, tile: int):
-    """vLLM's tile choice with the decode (3D kernel) tile set to ``tile``."""
-
-    def get_tile_size(head_size, sliding_window, element_size, is_prefill):
-        return stock(head_size, sliding_window, element_size, is_prefill) if is_prefill else tile
-
-    return get_tile_size
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -84,6 +75,7 @@ def main(argv=None) -> int:
     import triton
     import vllm
 
+    from vllm_k2_plugin.draft_attention.tile import fixed_decode_tile
     from vllm_k2_plugin.mla.bench import Timer
 
     try:
@@ -107,7 +99,7 @@ def main(argv=None) -> int:
             kc, vc = kv.unbind(1)
             ones = torch.ones(1, dtype=torch.float32, device="cuda").expand(rows, HEADS_KV)
             for tile in map(int, args.tiles.split(",")):
-                ua._get_tile_size = _decode_tile(stock_tile, tile)
+                ua._get_tile_size = fixed_decode_tile(stock_tile, tile)
                 for segs in segs_ok:
                     out = torch.empty_like(q)
                     scratch = (
@@ -183,21 +175,36 @@ def _probe_table(d: dict, name: str) -> list[str]:
 CASE_PATCHES = ("draft-attention-tile", "bench-draft-segments-two-waves", "bench-draft-segments-one-wave")
 
 
-def _call_table(call: str, runs: dict) -> list[str]:
+def _tile_check(log_path: str) -> str:
+    """What the engine's start-up check decided, from the case's own log (written by the run)."""
+    import re
+
+    if not os.path.exists(log_path):
+        return "no log"
+    for line in open(log_path, errors="replace"):
+        m = re.search(r"draft-attention-tile: .*?: tile 128 ([\d.]+) us, vLLM's ([\d.]+) us, .*?: (.*)$", line)
+        if m:
+            used = "128" if "128 used" in m.group(3) else "vLLM's 16"
+            return f"{used} ({m.group(1)} / {m.group(2)} µs)"
+    return "no check"
+
+
+def _call_table(call: str, runs: dict, folder: str) -> list[str]:
     dates = sorted(r["date"] for r in runs.values())
     plain = next(r for n, r in runs.items() if n.endswith("-plain"))
     L = [
         f"### Call {call} ({dates[0]} .. {dates[-1]}), vLLM {plain['vllm']} ({plain['engine_route']})",
         "",
-        "| case | " + " | ".join(CASE_PATCHES) + " | "
+        "| case | " + " | ".join(CASE_PATCHES) + " | decode tile used (check: ours / vLLM's) | "
         + " | ".join(f"{int(c) // 1024}k ms (/ plain)" for c in plain["contexts"]) + " |",
-        "|---|" + "---|" * len(CASE_PATCHES) + "---:|" * len(plain["contexts"]),
+        "|---|" + "---|" * (len(CASE_PATCHES) + 1) + "---:|" * len(plain["contexts"]),
     ]  # fmt: skip
     for n, r in runs.items():
         ms = {c: r["contexts"][c]["step_ms"] for c in plain["contexts"]}
         cells = [f"{ms[c]} ({ms[c] / plain['contexts'][c]['step_ms']:.3f})" for c in plain["contexts"]]
         states = [str(r["patches"].get(p, "absent")) for p in CASE_PATCHES]
-        L.append(f"| {n} | " + " | ".join(states) + " | " + " | ".join(cells) + " |")
+        check = _tile_check(os.path.join(folder, "raw", call, f"{n}.log"))
+        L.append(f"| {n} | " + " | ".join(states) + f" | {check} | " + " | ".join(cells) + " |")
     return L + [""]
 
 
@@ -235,11 +242,15 @@ def report(folder: str) -> int:
             "3 drafts and drafts 3; ratios to the plain step of the same call. In call 5, when one wave of the SMs "
             "was the default for the first pass's rows, `bench-draft-segments-two-waves` let them fill it twice; "
             "two waves are the default since (`bench-draft-segments-one-wave`, benchmarks/draft_segment_waves.py, "
-            "now runs the old rule).",
+            "now runs the old rule). 'decode tile used' is the start-up check's decision in that engine, read from "
+            "the case's log (`raw/<call>/<case>.log`); these checks timed eager calls (host launch cost included): "
+            "in call 5 the one-wave case's check kept vLLM's 16-key tile, so call 5 compares tile 16 with one wave "
+            "against tile 128 with two waves, not the waves alone. The check times CUDA-graph replays since "
+            "(not yet run on a GPU).",
             "",
         ]
         for call, runs in calls.items():
-            L += _call_table(call, runs)
+            L += _call_table(call, runs, folder)
     from vllm_k2_plugin import fileio
 
     fileio.write_text(os.path.join(folder, "README.md"), "\n".join(L) + "\n")

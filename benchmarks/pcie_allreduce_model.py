@@ -55,11 +55,11 @@ def scenarios() -> dict[str, tuple[float, str]]:
         "vLLM 0.16 (route C)": (_ratio_0_16(), "ours [M]: benchmarks/results/vllm016_h200, call 2026-12-04-call2"),
         "vLLM 0.20, call 4": (
             _ratio_0_20("2026-12-04-call4", "dg24t-eagle3-k3-ownhead"),
-            "ours [M]: benchmarks/results/draft_attention_tile_h200, call 2026-12-04-call4 (first pass one wave)",
+            "ours [M]: benchmarks/results/draft_attention_tile_h200, call 2026-12-04-call4 (tile 128, one wave)",
         ),
         "vLLM 0.20, call 5": (
             _ratio_0_20("2026-12-04-call5", "dg24t-eagle3-k3-ownhead-2waves"),
-            "ours [M]: same folder, call 2026-12-04-call5 (first pass two waves, today's default)",
+            "ours [M]: same folder, call 2026-12-04-call5 (tile 128 and the first pass in two waves: today's defaults)",
         ),
     }
 

@@ -5,6 +5,7 @@ Each committed file must be what its script makes of the committed inputs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -29,9 +30,14 @@ def test_tile_results_readme_is_the_reports_output(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert _body((folder / "README.md").read_text()) == _body((TILE / "README.md").read_text())
-    # every engine case names vLLM and its patch states; ratios exist only within a call
+    # every call has its own plain step (ratios are taken within a call), and every engine case
+    # names its vLLM and the tile patch's state and keeps the log the tile decision is read from
     for call in (TILE / "raw").iterdir():
         assert any(p.stem.endswith("-plain") for p in call.glob("*.json")), call
+        for p in call.glob("*.json"):
+            r = json.loads(p.read_text())
+            assert r["vllm"] and "draft-attention-tile" in r["patches"], p
+            assert p.with_suffix(".log").exists(), p
 
 
 def test_rig_model_is_the_scripts_output_and_reads_the_committed_ratios():
