@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -327,3 +328,19 @@ def test_plan_help_renders(capsys):
         ap.parse_args(["plan", "--help"])
     assert e.value.code == 0
     assert "30% ASSUMED" in capsys.readouterr().out
+
+
+def test_docs_hero_run_table_is_the_planners_output(capsys):
+    """docs/eagle3-training.md's hero-run table: the planner's markdown rows with the committed
+    calibrations (training step and prefill), for the recipe it states."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "eagle3-training.md").read_text()
+    code, out, _ = run_cli(capsys, "--samples", "600000", "--mean-tokens", "1200", "--hardware", "all",
+                           "--format", "markdown")  # fmt: skip
+    rows = [line for line in out.splitlines() if line.startswith("| 8x ")]
+    assert code == 0 and len(rows) == len(GPUS)
+    for row in rows:
+        assert row in docs, row
+    code, out, _ = run_cli(capsys, "--samples", "600000", "--mean-tokens", "1200", "--hardware", "rtx-pro-6000",
+                           "--extract-parallel", "pp", "--format", "markdown")  # fmt: skip
+    pp = next(line for line in out.splitlines() if line.startswith("| 8x "))
+    assert pp.split(" | ", 1)[1] in docs  # the docs name that row "same, extraction as 8 pipeline stages"
