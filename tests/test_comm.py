@@ -8,6 +8,7 @@ and the switch. The kernels and the start-up check across ranks ran on the H200
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import pytest
 
@@ -137,3 +138,144 @@ def test_doctor_comm_says_what_it_cannot_measure_here(capsys, monkeypatch, tmp_p
     assert main(["doctor", "--comm", "--tp", "8"]) == 0
     out = capsys.readouterr().out
     assert "14 KiB -> oneshot" in out and "NCCL_PROTO=LL" in out and "TP 8 asked" in out
+
+
+FI_MODULE = "vllm.distributed.device_communicators.flashinfer_pcie_ipc_all_reduce"
+FLASHINFER = "flashinfer_pcie_ipc"
+
+
+class _Workspace:
+    """FlashInfer's PcieIpcAllReduceWorkspace cannot exist without GPUs and FlashInfer 0.7:
+    this answers its one capability question (tokens up to ``max_tokens``)."""
+
+    def __init__(self, max_tokens=8):
+        self.max_tokens = max_tokens
+
+    def supports(self, inp):
+        return inp.shape[0] <= self.max_tokens
+
+
+def _applied_patch():
+    from vllm_k2_plugin.patching import REGISTRY, PatchState
+
+    patch = REGISTRY["tp-pcie-oneshot-allreduce"]
+    REGISTRY._apply_one(patch, frozenset()) if patch.state is PatchState.PENDING else None
+    assert patch.state is PatchState.APPLIED, patch.reason
+    return patch
+
+
+def _bare_fi(**attrs):
+    """vLLM's own FlashInferPcieIpcAllReduce as its kernel warm-up leaves it: set up."""
+    import torch
+
+    cls = importlib.import_module(FI_MODULE).FlashInferPcieIpcAllReduce
+    fi = cls.__new__(cls)
+    fi.__dict__.update(disabled=False, workspace=_Workspace(), hidden_dim=7168, dtype=torch.bfloat16,
+                       device=torch.device("cpu"), world_size=8, rank=0)  # fmt: skip
+    fi.__dict__.update(attrs)
+    return fi
+
+
+@pytest.mark.vllm_latest
+def test_flashinfer_pcie_ipc_joins_the_selection_where_vllm_offers_it():
+    """vLLM >= 0.30: an engine's FlashInfer PCIe-IPC all-reduce is tied to the measured
+    selection (its class wrapped once, recorded, undone with the patch); its gate admits
+    exactly the sizes where it won, the one-shot gate leaves them to it, and before the
+    check with it has run it takes nothing."""
+    import types
+
+    import torch
+
+    from vllm_k2_plugin.comm.patch import STATE, PcieState, _wrap_fi_should_use, join_flashinfer
+    from vllm_k2_plugin.patching.patch import PatchContext
+
+    patch = _applied_patch()
+    cls = importlib.import_module(FI_MODULE).FlashInferPcieIpcAllReduce
+    ctx = PatchContext(patch, "latest")
+    fi, state = _bare_fi(), PcieState()
+    comm = types.SimpleNamespace(fi_pcie_ipc_ar_comm=fi)
+    assert join_flashinfer(ctx, comm, state) is True
+    assert fi.__dict__[STATE] is state and state.comm is comm
+    assert hasattr(cls.should_use, "__wrapped__") and hasattr(cls.setup, "__wrapped__")
+    assert join_flashinfer(ctx, comm, state) is True  # a second engine in the process: no double wrap
+    assert cls.should_use.__wrapped__.__module__ == FI_MODULE
+    assert {(owner, attr) for kind, owner, attr, *_ in patch.replaced if owner is cls} == {
+        (cls, "setup"), (cls, "should_use")}  # fmt: skip
+    # vLLM's own answer needs CUDA tensors; our gate is checked around a stand-in "yes"
+    gate = _wrap_fi_should_use(lambda self, inp: True)
+    token = torch.empty(1, 7168, dtype=torch.bfloat16)
+    assert gate(fi, token) is False  # not measured yet: vLLM's other paths serve
+    state.selection = choose(8, [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=20.0), _m(FLASHINFER, 14336, us=12.0),
+                                 _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=30.0), _m(FLASHINFER, 57344, us=40.0),
+                                 _m(NCCL, 114688, us=50.0), _m(FLASHINFER, 114688, ok=False, why="off the sum")])  # fmt: skip
+    assert gate(fi, token) is True
+    assert gate(fi, torch.empty(4, 7168, dtype=torch.bfloat16)) is False  # the one-shot path won 56 KiB
+    assert gate(fi, torch.empty(8, 7168, dtype=torch.bfloat16)) is False  # wrong at 112 KiB: NCCL
+    assert gate(_bare_fi(**{STATE: state, "workspace": None}), token) is False  # not set up
+    assert _wrap_fi_should_use(lambda self, inp: "stock")(_bare_fi(), token) == "stock"  # untied: vLLM's answer
+    ca = _bare_ca(8, False, PcieState(selection=state.selection))
+    assert ca.should_custom_ar(token.view(-1)) is False  # FlashInfer's size
+    assert ca.should_custom_ar(torch.empty(4 * 7168, dtype=torch.bfloat16)) is True
+
+
+@pytest.mark.vllm_latest
+def test_a_failing_check_with_flashinfer_turns_it_off_and_keeps_the_start_up_choice(caplog):
+    """After vLLM's own set-up our check runs again with FlashInfer PCIe-IPC; where it
+    fails (here: no process group to agree over), FlashInfer is switched off for vLLM's
+    dispatch, the earlier choice stands, and one warning says so."""
+    import logging
+    import types
+
+    import torch
+
+    from vllm_k2_plugin.comm.patch import STATE, PcieState, join_flashinfer
+    from vllm_k2_plugin.patching.patch import PatchContext
+
+    patch = _applied_patch()
+    before = choose(8, [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=20.0)])
+    state = PcieState(selection=before)
+    fi = _bare_fi()
+    ca = _bare_ca(8, False, state)
+    comm = types.SimpleNamespace(fi_pcie_ipc_ar_comm=fi, ca_comm=ca, pynccl_comm=object(), cpu_group=None,
+                                 rank_in_group=0, world_size=8, device=torch.device("cpu"))  # fmt: skip
+    assert join_flashinfer(PatchContext(patch, "latest"), comm, state)
+    with caplog.at_level(logging.WARNING, logger="vllm.k2_plugin.comm"):
+        fi.setup(hidden_dim=7168, dtype=torch.bfloat16, capture_sizes=[1, 2, 4, 8], tune_cache="unused")
+    assert fi.disabled is True and fi.__dict__[STATE].selection is before
+    warned = [r.getMessage() for r in caplog.records if "FlashInfer PCIe-IPC" in r.getMessage()]
+    assert len(warned) == 1 and "FlashInfer PCIe-IPC off, the start-up choice stands" in warned[0], warned
+    untied = _bare_fi(disabled=True, workspace=None)
+    untied.setup(hidden_dim=7168, dtype=torch.bfloat16, capture_sizes=[1], tune_cache="unused")  # stock: no-op
+    assert untied.disabled is True and STATE not in untied.__dict__
+
+
+def test_flashinfer_pcie_ipc_joins_nothing_where_vllm_has_no_such_path():
+    """vLLM < 0.30 (0.16) has no FlashInfer PCIe-IPC all-reduce; nor does a communicator
+    where the user did not enable it or vLLM switched it off: nothing is wrapped."""
+    import sys
+    import types
+
+    from vllm_k2_plugin.comm.patch import PcieState, join_flashinfer
+    from vllm_k2_plugin.patching.patch import PatchContext
+
+    patch = _applied_patch()
+    ctx = PatchContext(patch, "any")
+    assert join_flashinfer(ctx, types.SimpleNamespace(fi_pcie_ipc_ar_comm=None), PcieState()) is False
+    if importlib.util.find_spec(FI_MODULE) is None:  # 0.16
+        assert FI_MODULE not in sys.modules
+        return
+    off = _bare_fi(disabled=True)
+    assert join_flashinfer(ctx, types.SimpleNamespace(fi_pcie_ipc_ar_comm=off), PcieState()) is False
+
+
+@pytest.mark.vllm_latest
+def test_the_flashinfer_candidate_measures_only_what_its_workspace_takes():
+    import torch
+
+    from vllm_k2_plugin.comm.measure import FlashInferPcieIpc
+
+    cand = FlashInferPcieIpc(_bare_fi())
+    assert cand.name == FLASHINFER
+    assert [cand.supports(n) for n in (14336, 4 * 14336, 8 * 14336, 16 * 14336, 14336 + 16)] == [
+        True, True, True, False, False]  # fmt: skip
+    assert FlashInferPcieIpc(_bare_fi(dtype=torch.float16)).supports(14336) is False  # the check sends bf16

@@ -76,8 +76,12 @@ def _measure_worker(rank: int, world: int, port: int, queue) -> None:
     initialize_model_parallel(tensor_model_parallel_size=world)
     from .patch import STATE
 
-    ca = get_tp_group().device_communicator.ca_comm
+    comm = get_tp_group().device_communicator
+    ca = comm.ca_comm
     state = ca.__dict__.get(STATE) if ca is not None else None
+    fi = getattr(comm, "fi_pcie_ipc_ar_comm", None)
+    if state is not None and fi is not None and not fi.disabled:
+        set_up_flashinfer(fi, world)  # as vLLM's kernel warm-up does; the check runs again with it
     if rank == 0:
         if state is None:
             queue.put("vLLM's own choice stands (2 ranks, NVLink, or its custom all-reduce refused these GPUs)")
@@ -85,6 +89,33 @@ def _measure_worker(rank: int, world: int, port: int, queue) -> None:
             queue.put(f"stays on NCCL: {state.refused}")
         else:
             queue.put(state.selection.table())
+
+
+def flashinfer_pcie_ipc_available() -> bool:
+    """vLLM has the FlashInfer PCIe-IPC wrapper (>= 0.30) and FlashInfer is installed
+    (found, not imported: importing it starts CUDA in this process)."""
+    import importlib.util
+
+    from .patch import FI_MODULE
+
+    try:
+        return importlib.util.find_spec(FI_MODULE) is not None and importlib.util.find_spec("flashinfer") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def set_up_flashinfer(fi, world: int) -> None:
+    """vLLM's own set-up of its FlashInfer PCIe-IPC all-reduce for K2.5's decode shapes
+    (tuning cached next to our records)."""
+    from pathlib import Path
+
+    import torch
+
+    from ..settings import cache_dir
+    from .sizes import DEFAULT_HIDDEN, DEFAULT_TOKENS
+
+    tune_cache = Path(cache_dir()) / f"flashinfer-pcie-ipc-tune-tp{world}.json"
+    fi.setup(hidden_dim=DEFAULT_HIDDEN, dtype=torch.bfloat16, capture_sizes=list(DEFAULT_TOKENS), tune_cache=tune_cache)
 
 
 def measure(tp: int) -> str:
@@ -95,6 +126,8 @@ def measure(tp: int) -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if flashinfer_pcie_ipc_available():  # measured beside the others (vLLM's opt-in, for these workers)
+        os.environ.setdefault("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "1")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     mp.start_processes(_measure_worker, args=(tp, port, queue), nprocs=tp, join=True, start_method="spawn")
@@ -125,6 +158,12 @@ def report(tp: int | None) -> str:
     )
     if not any(v in os.environ for v in ("NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_GRAPH_FILE")):
         lines.append(f"  {ADVICE}")
+    lines.append(
+        "FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30, FlashInfer >= 0.7): "
+        + ("installed: measured beside NCCL and the one-shot path below; engines use it only with "
+           "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" if flashinfer_pcie_ipc_available()
+           else "not here (this vLLM has no such path, or FlashInfer is not installed)")
+    )  # fmt: skip
     record = read_record()
     lines.append("")
     lines.append(

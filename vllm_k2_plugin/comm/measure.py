@@ -7,9 +7,10 @@ a rank that failed never leaves its peers spinning in a kernel that waits for it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
-from .selection import NCCL, Measurement
+from .selection import FLASHINFER_PCIE_IPC, NCCL, Measurement
 
 #: All-reduces captured in one graph, and timed replays of it.
 GRAPH_REPS = 16
@@ -19,7 +20,9 @@ TIMED_REPLAYS = 5
 class Candidate:
     """One all-reduce path. ``run``: eager (a copy into the path's own buffers where it
     needs one); ``graph_run``: the call made while a CUDA graph captures;
-    ``after_capture``: what the path must do, on all ranks, once a graph is captured."""
+    ``after_capture``: what the path must do, on all ranks, once a graph is captured;
+    ``capturing``: a context held around the capture; ``supports``: whether the path can
+    take a message of this size at all (sizes it cannot take are not measured)."""
 
     name = ""
 
@@ -31,6 +34,12 @@ class Candidate:
 
     def after_capture(self) -> None:
         pass
+
+    def capturing(self):
+        return contextlib.nullcontext()
+
+    def supports(self, nbytes: int) -> bool:
+        return True
 
 
 class Nccl(Candidate):
@@ -59,6 +68,37 @@ class OneShot(Candidate):
 
     def after_capture(self) -> None:
         self.ca.register_graph_buffers()  # collective: every rank's graph inputs opened by its peers
+
+
+class FlashInferPcieIpc(Candidate):
+    """vLLM's FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30, FlashInfer >= 0.7), once vLLM
+    has set it up (tuned workspace, prepared [tokens, hidden] shapes). It takes whole
+    [tokens, hidden] tensors of its dtype that its workspace supports; one workspace
+    serves one stream, so captures go through its ``capture()``."""
+
+    name = FLASHINFER_PCIE_IPC
+
+    def __init__(self, fi):
+        self.fi = fi
+
+    def _shaped(self, inp):
+        return inp.view(-1, self.fi.hidden_dim)
+
+    def run(self, inp):
+        return self.fi.all_reduce(self._shaped(inp)).view(-1)
+
+    def capturing(self):
+        return self.fi.capture()
+
+    def supports(self, nbytes: int) -> bool:
+        import torch
+
+        fi = self.fi
+        elements = nbytes // 2  # the check's bf16 messages
+        if fi.dtype != torch.bfloat16 or not fi.hidden_dim or elements % fi.hidden_dim:
+            return False
+        probe = torch.empty((elements // fi.hidden_dim, fi.hidden_dim), dtype=fi.dtype, device=fi.device)
+        return bool(fi.workspace.supports(probe))
 
 
 @dataclasses.dataclass
@@ -147,7 +187,7 @@ def time_in_graph(
         torch.cuda.synchronize(ranks.device)
         stream = torch.cuda.Stream(device=ranks.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+        with cand.capturing(), torch.cuda.graph(graph, stream=stream):
             for _ in range(reps):
                 out = cand.graph_run(mine)
     except Exception as e:  # noqa: BLE001
@@ -172,12 +212,24 @@ def time_in_graph(
     return (slowest if ok else None), why
 
 
+def _supported_everywhere(ranks: Ranks, cand: Candidate, nbytes: int) -> bool:
+    """A size is skipped on every rank if one rank's path cannot take it: a path whose
+    ranks disagree on a launch waits for a peer that never comes."""
+    try:
+        mine = bool(cand.supports(nbytes))
+    except Exception:  # noqa: BLE001 - a path that cannot answer does not take the size
+        mine = False
+    return ranks.all_ok(mine)[0]
+
+
 def measure(ranks: Ranks, candidates: list[Candidate], sizes: list[int], **timing) -> list[Measurement]:
-    """Every candidate at every size: correct (eager), then timed in a graph (``timing``:
-    reps / replays of time_in_graph)."""
+    """Every candidate at every size all ranks say it supports: correct (eager), then
+    timed in a graph (``timing``: reps / replays of time_in_graph)."""
     out = []
     for nbytes in sizes:
         for cand in candidates:
+            if not _supported_everywhere(ranks, cand, nbytes):
+                continue
             ok, why = check_correct(ranks, cand, nbytes)
             us = None
             if ok:

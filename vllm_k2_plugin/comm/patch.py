@@ -17,6 +17,13 @@ at 8 ranks). The Python object keeps ``fully_connected = False`` and stays disab
 until ``CudaCommunicator.__init__`` has run the start-up check (measure.py) on every
 rank; ``should_custom_ar`` then admits exactly the sizes the check chose. Nothing
 changes for 2 ranks, NVLink nodes, or where NCCL measured faster.
+
+FlashInfer's PCIe-IPC all-reduce (vLLM >= 0.30, opt-in ``VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1``,
+FlashInfer >= 0.7) joins the same selection: vLLM sets it up in kernel warm-up, after the
+check above, so once its ``setup`` has run the check runs again with three candidates,
+side by side, and its ``should_use`` admits exactly the sizes it won. Its module imports
+FlashInfer, which starts CUDA: it is wrapped only once vLLM itself has imported it, in a
+worker (never at register time).
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ import dataclasses
 
 from ..patching import REGISTRY, PatchContext
 from ..settings import ENV_PCIE_ALLREDUCE, pcie_allreduce_enabled
+from .selection import FLASHINFER_PCIE_IPC
 
 CA_MODULE = "vllm.distributed.device_communicators.custom_all_reduce"
 COMM_MODULE = "vllm.distributed.device_communicators.cuda_communicator"
+FI_MODULE = "vllm.distributed.device_communicators.flashinfer_pcie_ipc_all_reduce"
 #: Set on a CustomAllreduce whose PCIe gate we lifted; its selection once measured.
 STATE = "_vllm_k2_pcie"
 ONESHOT = "oneshot"
@@ -37,6 +46,7 @@ ONESHOT = "oneshot"
 class PcieState:
     selection: object = None  # selection.Selection once the start-up check ran
     refused: str = ""  # why the check left everything on NCCL
+    comm: object = None  # the CudaCommunicator, where FlashInfer PCIe-IPC is to join later
 
 
 def logger():
@@ -100,13 +110,65 @@ def _wrap_should_custom_ar(original):
     return should_custom_ar
 
 
-def choose_paths(comm, ca, state: PcieState) -> None:
+def _wrap_fi_should_use(original):
+    def should_use(self, inp):
+        state = self.__dict__.get(STATE)
+        if state is None:
+            return original(self, inp)
+        selection = state.selection
+        if selection is None or not self.initialized:
+            return False
+        return selection.path_for(inp.numel() * inp.element_size()) == FLASHINFER_PCIE_IPC and original(self, inp)
+
+    return should_use
+
+
+def _wrap_fi_setup(original):
+    def setup(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        state = self.__dict__.get(STATE)
+        if state is None or not self.initialized:
+            return
+        try:
+            choose_paths(state.comm, state.comm.ca_comm, state, fi=self)
+        except Exception as e:  # noqa: BLE001 - never take the engine down: the earlier choice serves
+            self.disabled = True  # vLLM's dispatch skips it: one-shot / NCCL as chosen before
+            logger().warning(
+                "vllm-k2: tp-pcie-oneshot-allreduce: the check with FlashInfer PCIe-IPC failed (%s: %s); "
+                "FlashInfer PCIe-IPC off, the start-up choice stands",
+                type(e).__name__,
+                e,
+            )
+
+    return setup
+
+
+def join_flashinfer(ctx: PatchContext, comm, state: PcieState) -> bool:
+    """Let vLLM's FlashInfer PCIe-IPC all-reduce of ``comm`` (if the user enabled it and
+    vLLM kept it) join the selection: its class wrapped (once per process: vLLM has
+    imported its module by now), this instance tied to ``state``."""
+    import sys
+
+    fi = getattr(comm, "fi_pcie_ipc_ar_comm", None)
+    module = sys.modules.get(FI_MODULE)
+    if fi is None or fi.disabled or module is None:
+        return False
+    cls = module.FlashInferPcieIpcAllReduce
+    ctx.wrap(cls, "setup", _wrap_fi_setup)
+    ctx.wrap(cls, "should_use", _wrap_fi_should_use)
+    state.comm = comm
+    fi.__dict__[STATE] = state
+    return True
+
+
+def choose_paths(comm, ca, state: PcieState, fi=None) -> None:
     """The start-up check on every rank of ``comm``'s group; enables ``ca`` for the sizes
-    it chose. Every outcome but a measured win leaves vLLM on NCCL, said in one line."""
+    it chose (and ``fi``, FlashInfer's PCIe-IPC path once set up, where it won). Every
+    outcome but a measured win leaves vLLM on NCCL, said in one line."""
     import torch
     from vllm import __version__ as vllm_version
 
-    from .measure import Nccl, OneShot, Ranks, measure
+    from .measure import FlashInferPcieIpc, Nccl, OneShot, Ranks, measure
     from .selection import choose, write_record
     from .sizes import engine_message_sizes
 
@@ -118,8 +180,9 @@ def choose_paths(comm, ca, state: PcieState) -> None:
         return
     ranks = Ranks(comm.cpu_group, comm.rank_in_group, comm.world_size, comm.device)
     sizes, note = engine_message_sizes(comm.world_size)
+    candidates = [Nccl(pynccl), OneShot(ca)] + ([FlashInferPcieIpc(fi)] if fi is not None else [])
     with torch.inference_mode():
-        measurements = measure(ranks, [Nccl(pynccl), OneShot(ca)], sizes)
+        measurements = measure(ranks, candidates, sizes)
     selection = choose(comm.world_size, measurements)
     state.selection = selection
     ca.disabled = not selection.uses(ONESHOT)
@@ -139,24 +202,36 @@ def choose_paths(comm, ca, state: PcieState) -> None:
             log.warning("vllm-k2: could not write the all-reduce selection record: %s", e)
 
 
-def _wrap_comm_init(original):
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        ca = getattr(self, "ca_comm", None)
-        state = ca.__dict__.get(STATE) if ca is not None else None
-        if state is None:
-            return
-        try:
-            choose_paths(self, ca, state)
-        except Exception as e:  # noqa: BLE001 - never take the engine down: NCCL serves
-            ca.disabled = True
-            state.selection, state.refused = None, f"{type(e).__name__}: {e}"
-            logger().warning(
-                "vllm-k2: tp-pcie-oneshot-allreduce: start-up check failed (%s); all-reduce stays on NCCL",
-                state.refused,
-            )
+def _wrap_comm_init(ctx: PatchContext):
+    def make(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            ca = getattr(self, "ca_comm", None)
+            state = ca.__dict__.get(STATE) if ca is not None else None
+            if state is None:
+                return
+            try:
+                choose_paths(self, ca, state)
+            except Exception as e:  # noqa: BLE001 - never take the engine down: NCCL serves
+                ca.disabled = True
+                state.selection, state.refused = None, f"{type(e).__name__}: {e}"
+                logger().warning(
+                    "vllm-k2: tp-pcie-oneshot-allreduce: start-up check failed (%s); all-reduce stays on NCCL",
+                    state.refused,
+                )
+            try:
+                join_flashinfer(ctx, self, state)
+            except Exception as e:  # noqa: BLE001 - FlashInfer PCIe-IPC then serves as vLLM would have it
+                logger().warning(
+                    "vllm-k2: tp-pcie-oneshot-allreduce: FlashInfer PCIe-IPC cannot join the measured selection "
+                    "(%s: %s); vLLM's own dispatch decides its sizes",
+                    type(e).__name__,
+                    e,
+                )
 
-    return __init__
+        return __init__
+
+    return make
 
 
 def _not_wanted() -> str | None:
@@ -207,4 +282,4 @@ def _apply(ctx: PatchContext) -> None:
     comm_cls = importlib.import_module(COMM_MODULE).CudaCommunicator
     ctx.wrap(ca_cls, "__init__", _wrap_ca_init)
     ctx.wrap(ca_cls, "should_custom_ar", _wrap_should_custom_ar)
-    ctx.wrap(comm_cls, "__init__", _wrap_comm_init)
+    ctx.wrap(comm_cls, "__init__", _wrap_comm_init(ctx))

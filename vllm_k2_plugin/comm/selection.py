@@ -13,6 +13,8 @@ import json
 import os
 
 NCCL = "nccl"
+#: vLLM's FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30 with FlashInfer >= 0.7, opt-in).
+FLASHINFER_PCIE_IPC = "flashinfer_pcie_ipc"
 #: A candidate must beat NCCL by this fraction: within noise, NCCL stays.
 MARGIN = 0.05
 
