@@ -205,9 +205,10 @@ def test_flashinfer_pcie_ipc_joins_the_selection_where_vllm_offers_it():
     gate = _wrap_fi_should_use(lambda self, inp: True)
     token = torch.empty(1, 7168, dtype=torch.bfloat16)
     assert gate(fi, token) is False  # not measured yet: vLLM's other paths serve
-    state.selection = choose(8, [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=20.0), _m(FLASHINFER, 14336, us=12.0),
-                                 _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=30.0), _m(FLASHINFER, 57344, us=40.0),
-                                 _m(NCCL, 114688, us=50.0), _m(FLASHINFER, 114688, ok=False, why="off the sum")])  # fmt: skip
+    state.selection = choose(8, [
+        _m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=20.0), _m(FLASHINFER, 14336, us=12.0),
+        _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=30.0), _m(FLASHINFER, 57344, us=40.0),
+        _m(NCCL, 114688, us=50.0), _m(FLASHINFER, 114688, ok=False, why="off the sum")])  # fmt: skip
     assert gate(fi, token) is True
     assert gate(fi, torch.empty(4, 7168, dtype=torch.bfloat16)) is False  # the one-shot path won 56 KiB
     assert gate(fi, torch.empty(8, 7168, dtype=torch.bfloat16)) is False  # wrong at 112 KiB: NCCL
