@@ -28,9 +28,10 @@ TWINS = (
     "tp-pcie-oneshot-allreduce",
     "spec-guard-no-draft-rpc",
     "draft-attention-tile",
+    "spec-guard",
 )
-#: 0004's opt-in (bytes); the probe runs see it set, so stock answers False despite it.
-PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024)}
+#: 0004's opt-in (bytes) and 0007's: the probe runs see them set, so stock answers False despite them.
+PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024), "VLLM_SPEC_DECODE_GUARD": "1"}
 #: Rows of a one-KV-head decode batch (8 query heads, scratch of 16 rows x 16 segments).
 ROWS = (1, 2, 4, 8, 9, 16, 17)
 H200_SMS = 132
@@ -53,6 +54,7 @@ from vllm_k2_plugin.moe_verify.patch import _upstream_sorts_small_batches
 from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.rope_cache.patch import _upstream_hands_float_cache
 from vllm_k2_plugin.spec_guard.no_draft_rpc import _upstream_skips_rpc
+from vllm_k2_plugin.spec_guard.patch import _upstream_adapts_k
 
 from tests.gpu_patch_probes import moe_assignment, rope_cache_handed
 
@@ -101,6 +103,7 @@ result = {
     "pcie_takes_ranks": _upstream_takes_pcie_ranks(),
     "no_draft_rpc": _upstream_skips_rpc(),
     "tiles_wider": _upstream_tiles_wider(),
+    "adapts_k": _upstream_adapts_k(),
     # the decode tile for: head 128 bf16, prefill, fp8, a sliding window, head 256
     "tiles": [_ops._get_tile_size(*a, is_prefill=p) for a, p in
               (((128, 0, 2), False), ((128, 0, 2), True), ((128, 0, 1), False), ((128, 4096, 2), False),
@@ -158,7 +161,10 @@ def test_series_covers_the_gpu_patches():
 
 def test_apply_check_revert_on_installed_copy(patched_site, tmp_path):
     tree = tmp_path / "vllm"
-    touched = files._all_files(files.load_series(VERSION))
+    series = files.load_series(VERSION)
+    created = files._created(series)  # 0007's new module: absent before, gone after revert
+    touched = [rel for rel in files._all_files(series) if rel not in created]
+    assert created == {"v1/core/sched/spec_guard.py"}
     for rel in touched + ["_version.py"]:
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(patched_site / "vllm" / rel, tree / rel)
@@ -169,8 +175,10 @@ def test_apply_check_revert_on_installed_copy(patched_site, tmp_path):
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert _cli("apply", "--vllm-root", str(tree)).stdout.strip() == "already applied (no change)"
     assert {rel: (tree / rel).read_bytes() for rel in touched} != before
+    assert all((tree / rel).is_file() for rel in created)
     assert _cli("revert", "--vllm-root", str(tree)).returncode == 0
     assert {rel: (tree / rel).read_bytes() for rel in touched} == before
+    assert not any((tree / rel).exists() for rel in created)
 
 
 def test_patch_files_flip_their_twins_probes(patched_site):
@@ -186,7 +194,7 @@ def test_patch_files_flip_their_twins_probes(patched_site):
 
     # Each twin's own upstream probe: False on stock 0.34, True with the files (twins off).
     probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc",
-              "tiles_wider")  # fmt: skip
+              "tiles_wider", "adapts_k")  # fmt: skip
     assert {k: stock[k] for k in probes} == dict.fromkeys(probes, False)
     assert {k: files_only[k] for k in probes} == dict.fromkeys(probes, True)
     # without a CUDA-alike platform the file's build keeps stock's 16 segments
@@ -194,8 +202,8 @@ def test_patch_files_flip_their_twins_probes(patched_site):
 
     # moe: the file assigns like the runtime twin (stock: unsorted up to 12 tokens x top 8 of 384).
     assert runtime["states"]["moe-group-tokens-by-expert"] == "applied"
-    # pcie: stock with the opt-in set keeps the twin (its gate ignores the setting)
-    assert runtime["states"]["tp-pcie-oneshot-allreduce"] == "applied"
+    # pcie, spec-guard: stock with the opt-ins set keeps the twins (it ignores the settings)
+    assert runtime["states"]["tp-pcie-oneshot-allreduce"] == runtime["states"]["spec-guard"] == "applied"
     assert runtime["moe_assignment"] == files_only["moe_assignment"] == ["naive"] + ["sorted"] * 4
     assert stock["moe_assignment"] == ["naive"] * 4 + ["sorted"]
     # rope: the op gets one float32 copy of the bf16 cache, the same values (the twin's cache.float()).
@@ -483,3 +491,80 @@ def test_no_draft_rpc_file_on_vllms_scheduler(patched_site, tmp_path):
     assert (k0["record"], k0["executor_calls"], k0["drafts"]) == (["a"], 0, {"a": []})
     assert (k2["record"], k2["executor_calls"]) == (None, 1)
     assert set(k2["drafts"]) == {"b", "c"} and all(d == [7, 7] for d in k2["drafts"].values())
+
+
+#: vLLM 0.34's own Scheduler (tiny Llama config, n-gram k = 3, no weights, no GPU), one
+#: request whose drafts are all rejected (argv[2] "none": one sampled token per step) or all
+#: accepted ("all"), each step's verify made to cost more with k (a sleep between schedule()
+#: and update_from_output()): per step, the K the scheduler scheduled, and its guard.
+GUARD_PROBE = r"""
+import json
+import sys
+import time
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                         SpeculativeConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
+spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2, prompt_lookup_min=1,
+                         target_model_config=model, target_parallel_config=ParallelConfig())
+config = VllmConfig(
+    model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
+    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=1024,
+                                     is_encoder_decoder=False),
+    cache_config=CacheConfig(block_size=16),
+)
+config.cache_config.num_gpu_blocks = 128
+spec_kv = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+kv = KVCacheConfig(num_blocks=128, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
+scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                      block_size=16, log_stats=False)
+scheduler.add_request(Request(request_id="r", prompt_token_ids=[1, 2, 3, 4],
+                              sampling_params=SamplingParams(max_tokens=1000, ignore_eos=True), pooling_params=None))
+ks = []
+for _ in range(150):
+    out = scheduler.schedule()
+    k = out.num_spec_tokens_to_schedule
+    ks.append(k)
+    drafts = list(out.scheduled_spec_decode_tokens.get("r", ()))
+    time.sleep(0.002 * (1 + 0.5 * len(drafts)))
+    sampled = (drafts if sys.argv[2] == "all" else []) + [5]
+    scheduler.update_from_output(out, ModelRunnerOutput(req_ids=["r"], sampled_token_ids=[sampled]))
+    scheduler.update_draft_token_ids(DraftTokenIds(["r"], [[7] * k]))  # what a drafter proposes at K
+print(json.dumps({"ks": ks, "guard": type(getattr(scheduler, "spec_guard", None)).__name__}))
+"""
+
+
+def _guard(env, model_dir, accepted) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", GUARD_PROBE, str(model_dir), accepted],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_spec_guard_file_on_vllms_scheduler(patched_site, tmp_path):
+    """0007 on vLLM 0.34's own Scheduler: switched on, drafts never accepted and verify
+    costing more than a plain step, the scheduled K falls from 3 to 0 (short probes of a
+    k > 0 aside); every draft accepted, it stays at 3 (short probes of k = 0 aside); not
+    switched on, the patched scheduler keeps K = 3 as stock does."""
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA, "max_position_embeddings": 1024}))
+    applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    path = os.pathsep.join([str(patched_site), str(REPO)])
+    on, off = (engine_env(PYTHONPATH=path, VLLM_K2_DISABLE="1", VLLM_SPEC_DECODE_GUARD=v) for v in "10")
+    loses, pays, stock = _guard(on, tmp_path, "none"), _guard(on, tmp_path, "all"), _guard(off, tmp_path, "none")
+    assert (loses["guard"], pays["guard"], stock["guard"]) == ("SchedulerSpecGuard",) * 2 + ("NoneType",)
+    assert stock["ks"] == [3] * 150
+    assert loses["ks"][:8] == pays["ks"][:8] == [3] * 8  # warm-up at full k
+    assert loses["ks"][-100:].count(0) >= 90, loses["ks"]  # off, but for probes of one draft
+    assert set(loses["ks"][-100:]) <= {0, 1}
+    assert pays["ks"].count(3) >= 135 and set(pays["ks"]) == {0, 3}, pays["ks"]  # k = 0 only as a probe

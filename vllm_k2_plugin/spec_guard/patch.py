@@ -33,8 +33,12 @@ def _no_dynamic_sd() -> str | None:
 
 
 def _upstream_adapts_k() -> bool:
-    """Feed vLLM's own acceptance accounting 64 drafts of which nothing was accepted, on a
-    bare scheduler state with a k = 3 lookup: upstream adapts k if the lookup moves."""
+    """Does vLLM adapt k from what it measures? Two ways to say yes:
+    vLLM's own acceptance accounting, on a bare scheduler state with a k = 3 lookup, fed
+    64 drafts of which nothing was accepted, moves the lookup; or the staged patch file's
+    guard (patches/vllm-0.34.0/0007-spec-guard), where vLLM has it and its opt-in is set,
+    driven as its Scheduler drives it, turns k down for steps whose drafts are never
+    accepted and whose k = 3 steps take 1.6x a k = 0 step."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     probe = Scheduler.__new__(Scheduler)
@@ -43,7 +47,40 @@ def _upstream_adapts_k() -> bool:
     stats = None
     for i in range(64):
         stats = Scheduler.make_spec_decoding_stats(probe, stats, 3, 0, None, f"probe-{i}")
-    return probe.dynamic_sd_lookup != [3] * 5
+    return probe.dynamic_sd_lookup != [3] * 5 or _file_guard_turns_k_down()
+
+
+def _file_guard_turns_k_down() -> bool:
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    import vllm.envs as envs
+
+    try:
+        from vllm.v1.core.sched import spec_guard as vllm_guard
+    except ImportError:
+        return False
+    if not getattr(envs, "VLLM_SPEC_DECODE_GUARD", False):
+        return False
+    guard = vllm_guard.SchedulerSpecGuard(3, [3] * 5)
+    log = logging.getLogger(vllm_guard.__name__)
+    level = log.level
+    log.setLevel(logging.WARNING)  # the probe's own switches are not the engine's news
+    ks = []
+    try:
+        for _ in range(200):
+            guard.fill()
+            k = guard.lookup[1]
+            ks.append(k)
+            step = SimpleNamespace(num_scheduled_tokens={"probe": 1 + k}, num_spec_tokens_to_schedule=k,
+                                   scheduled_new_reqs=[], scheduled_spec_decode_tokens={"probe": [0] * k})  # fmt: skip
+            guard.scheduled(step, time.perf_counter() - 1e-3 * (10 + 2 * k))  # the step's cost, as if it ran
+            guard.observe_request(k, 0)
+            guard.step_done(step)
+    finally:
+        log.setLevel(level)
+    return ks[-100:].count(0) > 50
 
 
 class _State:
