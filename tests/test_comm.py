@@ -133,6 +133,8 @@ def test_doctor_comm_says_what_it_cannot_measure_here(capsys, monkeypatch, tmp_p
     out = capsys.readouterr().out
     assert "NCCL_P2P_LEVEL=SYS NCCL_PROTO=LL" in out and "none recorded" in out
     assert "not measured" in out and "need two GPUs or more" in out
+    # neither CI engine has FlashInfer installed (0.16 has no such path at all): said, not measured
+    assert "FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30, FlashInfer >= 0.7): not here" in out
     write_record(choose(8, [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=12.0)]), "0.16.0", ["RTX"] * 8)
     monkeypatch.setenv("NCCL_PROTO", "LL")
     assert main(["doctor", "--comm", "--tp", "8"]) == 0
