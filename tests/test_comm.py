@@ -56,6 +56,16 @@ def test_k25_sizes_stay_under_the_one_stage_limit():
     assert message_sizes(4, 512, 2, list(range(1, 200)))[0] == 1024
 
 
+def test_sizes_without_an_engine_config_follow_the_hidden_size_given():
+    """Out of an engine's config context (doctor; FlashInfer's set-up at kernel warm-up, which
+    knows the hidden size): K2.5's token counts at the hidden size given, said in the note."""
+    from vllm_k2_plugin.comm.sizes import engine_message_sizes
+
+    sizes, note = engine_message_sizes(8, hidden=4096)
+    assert sizes == [8192, 16384, 32768, 65536] and "no engine config: hidden 4096" in note
+    assert engine_message_sizes(8)[0] == [14336, 28672, 57344, 114688]
+
+
 @pytest.mark.vllm_independent
 def test_switch_and_its_bad_values(monkeypatch):
     from vllm_k2_plugin.comm.patch import _not_wanted

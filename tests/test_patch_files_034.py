@@ -388,14 +388,13 @@ def test_pcie_allreduce_file_on_eight_pcie_ranks(patched_site):
         assert len(case["warnings"]) == 1 and why in case["warnings"][0], case["warnings"]
 
 
-#: vLLM 0.34's own Scheduler (a tiny Llama config, no weights, no GPU) with a dynamic
-#: speculative decoding schedule of K = 0 at batch 1 and K = 2 at 2-4, and EngineCore's
-#: post_step on a bare synchronous core around it (the executor a recorder). Per step:
-#: the K scheduled, the scheduler's record, the executor calls post_step made and the
-#: drafts the step's requests then hold.
-RPC_PROBE = r"""
+#: vLLM 0.34's own Scheduler on a tiny Llama config (no weights, no GPU), n-gram speculation:
+#: argv[1] the model directory, argv[2] JSON {"k", "per_batch" (a dynamic schedule or null),
+#: "max_len"}. The scheduler probes below start with it.
+TINY_SCHEDULER = r"""
 import json
 import sys
+import time
 from types import SimpleNamespace
 
 import torch
@@ -405,28 +404,47 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import DraftTokenIds
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=256)
+args = json.loads(sys.argv[2])
+max_len, blocks = args["max_len"], args["max_len"] // 8
+model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=max_len)
 spec = SpeculativeConfig(
-    method="ngram", num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=1,
-    num_speculative_tokens_per_batch_size=[(1, 1, 0), (2, 4, 2)],
+    method="ngram", num_speculative_tokens=args["k"], prompt_lookup_max=2, prompt_lookup_min=1,
+    num_speculative_tokens_per_batch_size=[tuple(t) for t in args["per_batch"]] if args["per_batch"] else None,
     target_model_config=model, target_parallel_config=ParallelConfig(),
 )
 config = VllmConfig(
     model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
-    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256,
+    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=max_len, max_model_len=max_len,
                                      is_encoder_decoder=False),
     cache_config=CacheConfig(block_size=16),
 )
-config.cache_config.num_gpu_blocks = 64
+config.cache_config.num_gpu_blocks = blocks
 spec_kv = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
-kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
+kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
 scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
                       block_size=16, log_stats=False)
+"""
 
+
+def _scheduler_probe(script, env, model_dir, k, per_batch, max_len, *argv):
+    out = subprocess.run(
+        [sys.executable, "-c", TINY_SCHEDULER + script, str(model_dir),
+         json.dumps({"k": k, "per_batch": per_batch, "max_len": max_len}), *argv],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+#: With a dynamic speculative decoding schedule of K = 0 at batch 1 and K = 2 at 2-4, and
+#: EngineCore's post_step on a bare synchronous core around it (the executor a recorder).
+#: Per step: the K scheduled, the scheduler's record, the executor calls post_step made and
+#: the drafts the step's requests then hold.
+RPC_PROBE = r"""
 
 class Executor:
     def __init__(self):
@@ -466,11 +484,7 @@ TINY_LLAMA = {
 
 
 def _rpc(env, model_dir) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-c", RPC_PROBE, str(model_dir)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _scheduler_probe(RPC_PROBE, env, model_dir, 2, [(1, 1, 0), (2, 4, 2)], 256)
 
 
 def test_no_draft_rpc_file_on_vllms_scheduler(patched_site, tmp_path):
@@ -493,39 +507,11 @@ def test_no_draft_rpc_file_on_vllms_scheduler(patched_site, tmp_path):
     assert set(k2["drafts"]) == {"b", "c"} and all(d == [7, 7] for d in k2["drafts"].values())
 
 
-#: vLLM 0.34's own Scheduler (tiny Llama config, n-gram k = 3, no weights, no GPU), one
-#: request whose drafts are all rejected (argv[2] "none": one sampled token per step) or all
-#: accepted ("all"), each step's verify made to cost more with k (a sleep between schedule()
-#: and update_from_output()): per step, the K the scheduler scheduled, and its guard.
+#: With n-gram k = 3 and one request whose drafts are all rejected (argv[3] "none": one
+#: sampled token per step) or all accepted ("all"), each step's verify made to cost more with
+#: k (a sleep between schedule() and update_from_output()): per step, the K the scheduler
+#: scheduled, and its guard.
 GUARD_PROBE = r"""
-import json
-import sys
-import time
-
-import torch
-from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                         SpeculativeConfig, VllmConfig)
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
-
-model = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
-spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2, prompt_lookup_min=1,
-                         target_model_config=model, target_parallel_config=ParallelConfig())
-config = VllmConfig(
-    model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
-    scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=1024,
-                                     is_encoder_decoder=False),
-    cache_config=CacheConfig(block_size=16),
-)
-config.cache_config.num_gpu_blocks = 128
-spec_kv = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
-kv = KVCacheConfig(num_blocks=128, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec_kv)])
-scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-                      block_size=16, log_stats=False)
 scheduler.add_request(Request(request_id="r", prompt_token_ids=[1, 2, 3, 4],
                               sampling_params=SamplingParams(max_tokens=1000, ignore_eos=True), pooling_params=None))
 ks = []
@@ -535,7 +521,7 @@ for _ in range(150):
     ks.append(k)
     drafts = list(out.scheduled_spec_decode_tokens.get("r", ()))
     time.sleep(0.002 * (1 + 0.5 * len(drafts)))
-    sampled = (drafts if sys.argv[2] == "all" else []) + [5]
+    sampled = (drafts if sys.argv[3] == "all" else []) + [5]
     scheduler.update_from_output(out, ModelRunnerOutput(req_ids=["r"], sampled_token_ids=[sampled]))
     scheduler.update_draft_token_ids(DraftTokenIds(["r"], [[7] * k]))  # what a drafter proposes at K
 print(json.dumps({"ks": ks, "guard": type(getattr(scheduler, "spec_guard", None)).__name__}))
@@ -543,12 +529,7 @@ print(json.dumps({"ks": ks, "guard": type(getattr(scheduler, "spec_guard", None)
 
 
 def _guard(env, model_dir, accepted) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", GUARD_PROBE, str(model_dir), accepted],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _scheduler_probe(GUARD_PROBE, env, model_dir, 3, None, 1024, accepted)
 
 
 def test_spec_guard_file_on_vllms_scheduler(patched_site, tmp_path):

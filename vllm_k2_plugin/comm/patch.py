@@ -179,7 +179,8 @@ def choose_paths(comm, ca, state: PcieState, fi=None) -> None:
         log.warning("vllm-k2: tp-pcie-oneshot-allreduce: %s; all-reduce stays on NCCL", state.refused)
         return
     ranks = Ranks(comm.cpu_group, comm.rank_in_group, comm.world_size, comm.device)
-    sizes, note = engine_message_sizes(comm.world_size)
+    # at kernel warm-up the engine config may be out of context: FlashInfer knows the hidden size
+    sizes, note = engine_message_sizes(comm.world_size, hidden=fi.hidden_dim if fi is not None else None)
     candidates = [Nccl(pynccl), OneShot(ca)] + ([FlashInferPcieIpc(fi)] if fi is not None else [])
     with torch.inference_mode():
         measurements = measure(ranks, candidates, sizes)

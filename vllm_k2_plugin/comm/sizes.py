@@ -44,9 +44,9 @@ def message_sizes(world_size: int, hidden: int, element_size: int, tokens: list[
     return sizes
 
 
-def engine_message_sizes(world_size: int) -> tuple[list[int], str]:
-    """Sizes for the engine being built (vLLM's current config), or K2.5's defaults;
-    with a note saying which."""
+def engine_message_sizes(world_size: int, hidden: int | None = None) -> tuple[list[int], str]:
+    """Sizes for the engine being built (vLLM's current config), or K2.5's token counts at
+    ``hidden`` (K2.5's hidden size if not given); with a note saying which."""
     try:
         from vllm.config import get_current_vllm_config
 
@@ -58,6 +58,6 @@ def engine_message_sizes(world_size: int) -> tuple[list[int], str]:
         tokens = token_counts(cfg.scheduler_config.max_num_seqs, k)
         note = f"hidden {hidden}, {element}-byte values, max_num_seqs {cfg.scheduler_config.max_num_seqs}, k {k}"
     except Exception:  # noqa: BLE001 - no engine config here (doctor, tests): K2.5's sizes
-        hidden, element, tokens = DEFAULT_HIDDEN, 2, list(DEFAULT_TOKENS)
-        note = f"Kimi-K2.5 defaults: hidden {hidden}, bf16, tokens {tokens}"
+        hidden, element, tokens = hidden or DEFAULT_HIDDEN, 2, list(DEFAULT_TOKENS)
+        note = f"no engine config: hidden {hidden}, bf16, tokens {tokens}"
     return message_sizes(world_size, hidden, element, tokens), note
