@@ -242,6 +242,15 @@ def _draft_graph_stats(worker) -> dict | None:
     return {"captured": sorted(k[0] for k in graphs.graphs), "failed": len(graphs.failed), "replays": graphs.replays}
 
 
+def _async_spec_stats(worker) -> dict | None:
+    """Patch async-spec-zero-bubble's per-runner state: steps prepared without the wait, steps
+    that waited, requests whose books were corrected, drafts found rejected; why it is off."""
+    from vllm_k2_plugin.async_spec.patch import STATE
+
+    st = worker.model_runner.__dict__.get(STATE)
+    return None if st is None else {**st.stats, "off": st.off}
+
+
 def _drafter_attention(worker) -> list[str]:
     """Metadata builder classes of the drafter's attention layers (its attention backend)."""
     from vllm_k2_plugin.draft_graph.vllm_adapter import drafter_metadata_builders
@@ -473,6 +482,7 @@ def run_case(case: dict) -> dict:
         result["draft_graphs"] = llm.collective_rpc(_draft_graph_stats)[0]
     if spec and spec["method"] == "eagle3":
         result["drafter_attention"] = llm.collective_rpc(_drafter_attention)[0]
+        result["async_spec"] = llm.collective_rpc(_async_spec_stats)[0]
     return result
 
 
@@ -1142,7 +1152,10 @@ def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
             {**t, "name": "v16-tiny-stock-eagle3-k3", "backend": "stock", "spec": e3},
             {**t, "name": "v16-tiny-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3, "draft_graph": False},
             {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3, "draft_graph": True},
-        ]
+            # every patch but async-spec-zero-bubble: 0.16's wait for the accepted count at each step
+            {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph-waits", "backend": "ours", "spec": e3,
+             "draft_graph": True, "disable": [ZERO_BUBBLE]},
+        ]  # fmt: skip
     deep = {"model": str(models / "slice24"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.88,
             "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True, "contexts": list(CONTEXTS),
             "vocab": slice_config()["vocab_size"]}  # fmt: skip
@@ -1169,6 +1182,13 @@ def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
          **ROPE016},
         {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead-rope016", "backend": "stock", "draft_graph": False,
          **own, **ROPE016},
+        # every patch but async-spec-zero-bubble (0.16's wait for the accepted count at each step)
+        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-waits", "backend": "ours", "draft_graph": True,
+         **own, **ROPE016, "disable": [ZERO_BUBBLE]},
+        # bound: the step without 0.16's start-of-step wait for the accepted count (NOSYNC_BOUND; positions run
+        # ahead 3 a step, so only 4k / 32k fit max_model_len)
+        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound", "backend": "ours",
+         "draft_graph": True, **own, **ROPE016, "nosync_bound": True, "contexts": [4096, 32768]},
     ]  # fmt: skip
 
 
@@ -1217,6 +1237,8 @@ DRAFT_SEGMENTS = "draft-attention-segments"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"
+#: vLLM 0.16: speculative steps prepared without waiting for the previous accepted count.
+ZERO_BUBBLE = "async-spec-zero-bubble"
 #: The EAGLE drafter of an MLA target on TRITON_ATTN instead of vLLM's pick (patch draft-attention-triton).
 DRAFTER_TRITON = "draft-attention-triton"
 #: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
@@ -1227,6 +1249,9 @@ DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
 #: made once (case key "route_c_rope"), for stock and ours alike.
 ROUTE_C_ROPE = "benchmarks.vllm016_gpu.route_c_rope"
 ROPE016 = {"route_c_rope": True}
+#: vLLM 0.16, dummy weights only: the accepted count taken as "all accepted" instead of waited for
+#: at the start of each step (case key "nosync_bound"): the bound of a zero-bubble backport.
+NOSYNC_BOUND = "benchmarks.vllm016_gpu.async_spec_bound"
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
@@ -1243,7 +1268,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
     if case["backend"] == "stock":
         # every patch of ours that changes what the GPU runs (the model-support ones stay: K2.5 needs them)
         off += ["triton-mla-k2-decode", "draft-step-graph", DRAFTER_TRITON, PREFILL_AS_DECODE, MOE_SORTED,
-                DRAFT_SEGMENTS, ROPE_FLOAT32]  # fmt: skip
+                DRAFT_SEGMENTS, ROPE_FLOAT32, ZERO_BUBBLE]  # fmt: skip
     if off:
         env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:
@@ -1258,6 +1283,8 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         extra.append(DUMMY_DRAFT_HEAD)
     if case.get("route_c_rope"):
         extra.append(ROUTE_C_ROPE)
+    if case.get("nosync_bound"):
+        extra.append(NOSYNC_BOUND)
     if case.get("segment_waves") == 1:
         extra.append("benchmarks.draft_segment_waves")
     if extra:
