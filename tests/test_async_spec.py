@@ -152,3 +152,77 @@ def test_upstream_probe_tells_016_from_the_latest():
 
     pytest.importorskip("vllm.v1.worker.gpu_model_runner")
     assert _upstream_does_not_wait() is (not vllm.__version__.startswith("0.16"))
+
+
+def test_choice_skips_the_wait_only_where_the_host_waits_longer_than_the_correction_costs():
+    from vllm_k2_plugin.async_spec.choice import WaitOrCorrect
+
+    gpu_bound, host_bound = WaitOrCorrect(steps=4), WaitOrCorrect(steps=4)
+    for choice, wait in ((gpu_bound, 2e-3), (host_bound, 3e-5)):
+        for _ in range(4):
+            assert choice.measuring_waits()
+            choice.add_wait(wait)
+        assert not choice.measuring_waits()
+        done = [choice.add_cost(2e-4) for _ in range(4)]
+        assert done == [False, False, False, True] and not choice.add_cost(1.0)  # decided once
+    assert gpu_bound.skip_wait is True and "2000 us" in gpu_bound.verdict()
+    assert host_bound.skip_wait is False and "kept" in host_bound.verdict()
+
+
+def _one_request_runner(count_cpu: int, choice_steps: int):
+    """A runner's state with one request that carried one draft; the count says accepted or not.
+    Returns it, the request, the step's scheduler output, the wrapped count function and the
+    list of vLLM's own (waiting) count reads."""
+    from vllm_k2_plugin.async_spec import patch
+    from vllm_k2_plugin.async_spec.choice import WaitOrCorrect
+
+    waited = []
+    counts = patch._wrap_counts(lambda runner: waited.append(1) or [2])
+    req = SimpleNamespace(prev_num_draft_len=1, output_token_ids=[-1, -1], num_computed_tokens=5)
+    runner = _runner_with({"a": req}, prev_rows={"a": 0}, rows={"a": 0})
+    runner.input_batch.prev_sampled_token_ids = torch.zeros(1, 1)
+    runner.input_batch.sampling_metadata = SimpleNamespace(output_token_ids=[])
+    runner.valid_sampled_token_count_event = SimpleNamespace(synchronize=lambda: None)
+    runner.valid_sampled_token_count_cpu = torch.tensor([count_cpu], dtype=torch.int32)
+    st = patch.state(runner)
+    st.off, st.choice = "", WaitOrCorrect(steps=choice_steps)  # the runner's checks passed
+    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=["a"]), has_structured_output_requests=False)
+    return runner, req, sched, counts, waited
+
+
+@pytest.mark.vllm016
+def test_a_runner_waits_while_it_measures_then_follows_the_choice():
+    from vllm_k2_plugin.async_spec import patch
+
+    runner, req, sched, counts, waited = _one_request_runner(count_cpu=1, choice_steps=2)  # draft rejected
+    st = patch.state(runner)
+
+    def step():
+        st.count, st.scheduler_output = torch.ones(1), sched
+        got = counts(runner)
+        patch.settle_host(runner, st)
+        req.output_token_ids[:] = [-1, -1]
+        return got
+
+    assert [step(), step()] == [[2], [2]] and len(waited) == 2  # vLLM's own counts, waited for
+    st.choice.waits = [0.0, 0.0]  # as if the GPU were always done first: any correction costs more
+    assert step() == [2] and len(waited) == 2 and st.stats["steps_without_wait"] == 1  # all accepted, no wait
+    assert req.num_computed_tokens == 4  # the host's books followed the count (its draft rejected)
+    assert step() == [2] and st.choice.skip_wait is False and st.off.startswith("measured: ")
+    assert step() == [2] and len(waited) == 3  # back to vLLM's wait
+
+
+@pytest.mark.vllm016
+def test_a_gpu_bound_runner_keeps_skipping_the_wait():
+    from vllm_k2_plugin.async_spec import patch
+
+    runner, req, sched, counts, waited = _one_request_runner(count_cpu=2, choice_steps=1)  # draft accepted
+    st = patch.state(runner)
+    st.choice.waits = [10.0]  # the host blocked 10 s a step: far more than any correction costs
+    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=["a"]), has_structured_output_requests=False)
+    for _ in range(3):
+        st.count, st.scheduler_output = torch.ones(1), sched
+        assert counts(runner) == [2]
+        patch.settle_host(runner, st)
+    assert not waited and st.choice.skip_wait is True and st.off == "" and st.stats["steps_without_wait"] == 3
+    assert req.num_computed_tokens == 5 and "skipped" in st.stats["choice"]

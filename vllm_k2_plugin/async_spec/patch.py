@@ -18,14 +18,18 @@ Host-side upper bounds stay optimistic within a step (``max_seq_len``, ``seq_len
 size work only (our MLA decode, TRITON_ATTN). Steps that need exact host-side token lists
 (structured output, penalties), and runners outside what this was written for (no async
 scheduling, non-EAGLE or unpadded drafting, M-RoPE, context or pipeline parallelism), keep
-vLLM's wait. The correction checks itself on the runner's device before the first step uses it.
+vLLM's wait. The correction checks itself on the runner's device before the first step uses it,
+and each runner measures its first speculative steps both ways (choice.py): where the host,
+not the GPU, bounds a step (a tiny model), the wait costs less than the correction and stays.
 """
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from ..patching import REGISTRY, PatchContext
+from .choice import WaitOrCorrect
 from .correction import Optimistic, correct_on_device, self_check
 
 RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -37,11 +41,13 @@ class RunnerState:
 
     def __init__(self) -> None:
         self.off: str | None = None  # why this runner keeps vLLM's wait (None: not decided yet)
-        self.checked = False
+        self.choice = WaitOrCorrect()
         self.scheduler_output = None
         self.count = None  # the last step's accepted+1 per batch row, on the GPU
         self.optimistic: Optimistic | None = None
-        self.stats = {"steps_without_wait": 0, "steps_waited": 0, "requests_corrected": 0, "drafts_rejected": 0}
+        self.correction_s = 0.0  # host time of this step's correction (the choice's trial)
+        self.stats = {"steps_without_wait": 0, "steps_waited": 0, "requests_corrected": 0, "drafts_rejected": 0,
+                      "choice": ""}  # fmt: skip
 
 
 def state(runner) -> RunnerState:
@@ -114,6 +120,16 @@ def settle_host(runner, st: RunnerState) -> None:
     opt, st.optimistic = st.optimistic, None
     if opt is None:
         return
+    t0 = time.perf_counter()
+    _settle(runner, st, opt)
+    if st.choice.add_cost(st.correction_s + time.perf_counter() - t0):
+        st.stats["choice"] = st.choice.verdict()
+        logger().info("vllm-k2: async-spec-zero-bubble: %s", st.stats["choice"])
+        if not st.choice.skip_wait:
+            st.off = "measured: " + st.stats["choice"]
+
+
+def _settle(runner, st: RunnerState, opt: Optimistic) -> None:
     runner.valid_sampled_token_count_event.synchronize()  # long done: recorded before the last draft
     for req_id, r in zip(opt.req_ids, opt.rejected(runner.valid_sampled_token_count_cpu), strict=True):
         if not r:
@@ -159,7 +175,14 @@ def _wrap_counts(original):
         if _step_needs_exact_tokens(self, sched):
             st.stats["steps_waited"] += 1
             return original(self)
+        if st.choice.measuring_waits():  # vLLM's way, timed: how long the host waits for the GPU
+            t0 = time.perf_counter()
+            out = original(self)
+            st.choice.add_wait(time.perf_counter() - t0)
+            st.stats["steps_waited"] += 1
+            return out
         opt = optimistic_requests(self, sched)
+        st.correction_s = 0.0
         if len(opt):
             st.optimistic = opt
             st.stats["steps_without_wait"] += 1
@@ -176,6 +199,7 @@ def _wrap_prepare_inputs(original):
         count, st.count = st.count, None
         opt = st.optimistic
         if opt is not None and count is not None:
+            t0 = time.perf_counter()
             batch = self.input_batch
             rows = [batch.req_id_to_index[r] for r in opt.req_ids]
             qsl = self.query_start_loc.np
@@ -185,6 +209,7 @@ def _wrap_prepare_inputs(original):
                 positions=self.positions.gpu, seq_lens=self.seq_lens.gpu,
                 tables=[(t.block_table.gpu, t.slot_mapping.gpu, t.block_size) for t in batch.block_table.block_tables],
             )  # fmt: skip
+            st.correction_s = time.perf_counter() - t0
         return out
 
     return _prepare_inputs
