@@ -25,7 +25,9 @@ GREEDY = [
     ("v16-tiny-ours-eagle3-k3-stockdraft", "v16-tiny-ours-eagle3-k3-draftgraph", "draft-step graph vs 0.16's proposer"),
     ("v16-tiny-ours-graphs", "v16-tiny-ours-eagle3-k3-draftgraph", "greedy EAGLE-3 (every patch) vs greedy plain"),
     ("v16-tiny-stock-graphs", "v16-tiny-stock-eagle3-k3", "stock 0.16: greedy EAGLE-3 vs greedy plain"),
-]
+    ("v16-tiny-ours-eagle3-k3-draftgraph-waits", "v16-tiny-ours-eagle3-k3-draftgraph",
+     "async-spec-zero-bubble vs 0.16's wait for the accepted count"),
+]  # fmt: skip
 GPU_PATCHES = (
     "triton-mla-k2-decode",
     "draft-step-graph",
@@ -34,6 +36,7 @@ GPU_PATCHES = (
     "draft-attention-segments",
     "moe-group-tokens-by-expert",
     "rope-float32-cache",
+    "async-spec-zero-bubble",
 )
 
 
@@ -118,9 +121,11 @@ DEEP = {
     "stock plain": "v16-deep24-stock-plain",
     "stock EAGLE-3 k=3": "v16-deep24-stock-eagle3-k3-ownhead",
     "stock EAGLE-3 k=3, rope as 0.16": "v16-deep24-stock-eagle3-k3-ownhead-rope016",
+    "ours EAGLE-3 k=3, rope as 0.16, 0.16's wait": "v16-deep24-ours-eagle3-k3-ownhead-rope016-waits",
+    "ours EAGLE-3 k=3, rope as 0.16, bound (no wait)": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound",
 }
 #: patches whose state distinguishes the calls' EAGLE-3 runs
-CALL_PATCHES = ("draft-attention-tile", "bench-route-c-rope-as-016")
+CALL_PATCHES = ("draft-attention-tile", "bench-route-c-rope-as-016", "bench-async-spec-nosync-bound")
 
 
 def deep_section(calls: dict, summary: dict) -> list[str]:
@@ -166,6 +171,58 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
             "",
         ]  # fmt: skip
     return L
+
+
+ZERO_BUBBLE_TINY = ("v16-tiny-ours-eagle3-k3-draftgraph", "v16-tiny-ours-eagle3-k3-draftgraph-waits")
+
+
+def zero_bubble_section(calls: dict, summary: dict) -> list[str]:
+    """Patch async-spec-zero-bubble per call: its counters and choice in every EAGLE-3 engine, and the
+    trained tiny pair with it on and off side by side (drafts, acceptance, greedy tokens, tok/s)."""
+    L = [
+        "## async-spec-zero-bubble: speculative steps prepared without 0.16's wait for the accepted count",
+        "",
+        "Per EAGLE-3 engine: steps prepared without the wait, steps that waited (the first, those of the "
+        "runner's measurement, and all after a choice to keep the wait), requests whose host-side books were "
+        "corrected, drafts found rejected, and the runner's measured choice (engines from before the choice "
+        "existed show none). The slice's step costs with it on and off are in the tables above "
+        "('0.16's wait' = every patch but this one).",
+        "",
+        "| call | case | without wait | waited | corrected | rejected | choice |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for call, runs in calls.items():
+        for name, r in sorted(runs.items()):
+            st = r.get("async_spec")
+            if st:
+                L.append(
+                    f"| {call} | {name} | {st['steps_without_wait']} | {st['steps_waited']} | "
+                    f"{st['requests_corrected']} | {st['drafts_rejected']} | {st.get('choice') or '-'} |"
+                )
+                summary[f"async-spec {call} {name}"] = st
+    L += [
+        "",
+        "Trained tiny pair, side by side in one call (12 held-out prompts batched for greedy tokens; "
+        "single stream 256 tokens, best of 3):",
+        "",
+        "| call | engines at once | tok/s on / off | drafts on / off | accepted per position on / off "
+        "| greedy tokens on vs off |",
+        "|---|---:|---|---|---|---|",
+    ]
+    on_name, off_name = ZERO_BUBBLE_TINY
+    for call, runs in calls.items():
+        on, off = runs.get(on_name), runs.get(off_name)
+        if not (on and off):
+            continue
+        c = compare_greedy(off, on)
+        summary[f"async-spec tiny {call}"] = {"tok_s": [on["single_stream"]["tok_s"], off["single_stream"]["tok_s"]],
+                                              "greedy": c}  # fmt: skip
+        L.append(
+            f"| {call} | {on['engines_at_once']} | {on['single_stream']['tok_s']} / {off['single_stream']['tok_s']} "
+            f"| {on['spec']['drafts']} / {off['spec']['drafts']} | {on['spec']['per_pos']} / {off['spec']['per_pos']} "
+            f"| {_fmt_greedy(c)} |"
+        )
+    return L + [""]
 
 
 def gguf_section(runs: dict, summary: dict) -> list[str]:
@@ -274,7 +331,8 @@ def main(argv=None) -> None:
         "the model-support patches on (0.16 cannot run K2.5 EAGLE-3 without them).",
         "",
     ]
-    L += tiny_section(runs, summary) + deep_section(calls, summary) + prof_section(runs, summary)
+    L += tiny_section(runs, summary) + deep_section(calls, summary) + zero_bubble_section(calls, summary)
+    L += prof_section(runs, summary)
     L += host_section(runs, summary) + gguf_section(runs, summary)
     a.out.mkdir(parents=True, exist_ok=True)
     fileio.write_text(str(a.out / "README.md"), "\n".join(L))

@@ -120,6 +120,7 @@ def settle_host(runner, st: RunnerState) -> None:
     opt, st.optimistic = st.optimistic, None
     if opt is None:
         return
+    runner.valid_sampled_token_count_event.synchronize()  # recorded before the last draft: a wait, not a cost
     t0 = time.perf_counter()
     _settle(runner, st, opt)
     if st.choice.add_cost(st.correction_s + time.perf_counter() - t0):
@@ -130,7 +131,6 @@ def settle_host(runner, st: RunnerState) -> None:
 
 
 def _settle(runner, st: RunnerState, opt: Optimistic) -> None:
-    runner.valid_sampled_token_count_event.synchronize()  # long done: recorded before the last draft
     for req_id, r in zip(opt.req_ids, opt.rejected(runner.valid_sampled_token_count_cpu), strict=True):
         if not r:
             continue
