@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class Optimistic:
@@ -58,6 +56,7 @@ def correct_on_device(
     """Queue the correction on ``count``'s device (no host wait): for request i at batch row
     rows[i] with tokens [starts[i], ends[i]), positions, seq_lens[rows[i]] and each KV-cache
     group's slots ``(block_table, slot_mapping, block_size)`` drop by its rejected drafts."""
+    import numpy as np  # here, not at the top: `vllm-k2 doctor` imports every patch without numpy
     import torch
 
     lengths = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
@@ -86,6 +85,7 @@ def correct_on_device(
 def self_check(device) -> str | None:
     """Run the correction on ``device`` against the same inputs prepared exactly; None if equal,
     else what differs (the patch then keeps vLLM's wait)."""
+    import numpy as np  # here, not at the top: `vllm-k2 doctor` imports every patch without numpy
     import torch
 
     gen = np.random.default_rng(0)
