@@ -8,10 +8,15 @@
 #   ONLY="case-name ..." bash benchmarks/gpu_engine_device.sh dgprof   (only those cases of the suites)
 #   ENGINE=vllm016 bash benchmarks/gpu_engine_device.sh v16tiny        (vLLM 0.16, route C: carry .gpub/big/so
 #                                                   .gpub/s .gpub016 .gpub/e2e; benchmarks/vllm016_gpu/build.sh)
+#   ENGINE=vllm016 ROUTE=B ...                     (route B: route C's carry and .gpub016b;
+#                                                   benchmarks/vllm016_gpu/build.sh, then build_route_b.sh)
 set -u
 ENGINE=${ENGINE:-vllm020}
-SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016
-[ "$ENGINE" = vllm016 ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
+ROUTE=${ROUTE:-C}  # vllm016 only: C (build.sh) or B (build_route_b.sh: carry .gpub016b as well)
+SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016; [ "$ENGINE$ROUTE" = vllm016B ] && SITE=/tmp/site016b
+[ "$ENGINE$ROUTE" = vllm016C ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
+[ "$ENGINE$ROUTE" = vllm016B ] && export E2E_ENGINE_ROUTE="route B: vLLM 0.16.0's Python and kernels (a subset, \
+built for torch 2.11), vLLM 0.20.0's FlashAttention"
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -19,7 +24,8 @@ export DGPU_BACKENDS=TRITON_MLA,TRITON_ATTN  # the bundle's plugin: MLA layers T
 OUT=${OUT:-/tmp/out}; WORK=/tmp/e2e-work; mkdir -p "$OUT" "$WORK"
 S0=$SECONDS; BUDGET=${BUDGET:-560}
 if [ "$ENGINE" = vllm016 ]; then
-  bash benchmarks/vllm016_gpu/install.sh > "$OUT/install.log" 2>&1 || { tail -25 "$OUT/install.log"; exit 1; }
+  ROUTE=$ROUTE SITE016=$SITE bash benchmarks/vllm016_gpu/install.sh > "$OUT/install.log" 2>&1 \
+    || { tail -25 "$OUT/install.log"; exit 1; }
   grep "^install016: vllm" "$OUT/install.log"
 else
   bash .gpub/s/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 1; }

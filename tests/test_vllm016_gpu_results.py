@@ -1,7 +1,8 @@
 """The committed vLLM 0.16 GPU results (benchmarks/results/vllm016_h200) are what
 benchmarks/vllm016_report.py makes of the raw case files, every raw file says which vLLM
-and which route ran it, and the route-C builder's wheel unpacker refuses what it cannot
-resolve instead of skipping it."""
+and which route ran it, the route-C builder's wheel unpacker refuses what it cannot
+resolve instead of skipping it, and route B's source edits keep exactly the registrations
+whose functions were compiled."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ RESULTS = REPO / "benchmarks" / "results" / "vllm016_h200"
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "benchmarks" / "vllm016_gpu"))
 
+import route_b_tree  # noqa: E402
 import unpack_wheels  # noqa: E402
 import vllm016_report  # noqa: E402
 
@@ -62,3 +64,51 @@ def test_unpacker_refuses_a_missing_wheel_before_writing_anything(tmp_path):
     with pytest.raises(SystemExit, match=r"pkg-b==2\.0: 0 wheels"):
         unpack_wheels.main([str(wheels), str(site), "pkg-a==1.0", "pkg-b==2.0"])
     assert not site.exists()
+
+
+BINDINGS = """#include "ops.h"
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  // kept: compiled
+  ops.def("rms_norm(Tensor! out, Tensor input) -> ()");
+  ops.impl("rms_norm", torch::kCUDA, &rms_norm);
+
+  // its function is in a file route B does not compile
+  ops.def(
+      "paged_attention_v1("
+      "    Tensor! out, Tensor query) -> ()");
+  ops.impl("paged_attention_v1", torch::kCUDA,
+           &paged_attention_v1);
+#ifndef USE_ROCM
+  ops.def("machete_prepack_B(Tensor B) -> Tensor", &machete::prepack_B);
+  ops.def("gptq_marlin_gemm(Tensor a) -> Tensor");  // implemented by TORCH_LIBRARY_IMPL elsewhere
+#endif
+}
+"""
+
+
+def test_route_b_bindings_keep_only_what_the_objects_define(tmp_path):
+    path = tmp_path / "torch_bindings.cpp"
+    path.write_text(BINDINGS)
+    dropped = route_b_tree.filter_bindings(path, {"rms_norm"})
+    assert dropped == ["machete_prepack_B", "paged_attention_v1"]
+    code = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("//")]
+    assert "\n".join(code) == "\n".join(
+        [
+            '#include "ops.h"',
+            "TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {",
+            '  ops.def("rms_norm(Tensor! out, Tensor input) -> ()");',
+            '  ops.impl("rms_norm", torch::kCUDA, &rms_norm);',
+            "",
+            "#ifndef USE_ROCM",
+            '  ops.def("gptq_marlin_gemm(Tensor a) -> Tensor");  // implemented by TORCH_LIBRARY_IMPL elsewhere',
+            "#endif",
+            "}",
+        ]
+    )
+
+
+def test_route_b_cmake_edit_names_a_missing_anchor(tmp_path):
+    (tmp_path / "CMakeLists.txt").write_text('message(STATUS "Enabling C extension.")\n')
+    with pytest.raises(SystemExit, match=r"CMakeLists.txt: expected one .*triton_kernels.cmake.*found 0"):
+        route_b_tree.edit_cmake(tmp_path)
+    assert (tmp_path / "CMakeLists.txt").read_text() == 'message(STATUS "Enabling C extension.")\n'
