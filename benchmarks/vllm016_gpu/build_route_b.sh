@@ -12,7 +12,8 @@
 # Only a subset is compiled (route_b_tree.py says why and how); ops outside it are not registered, and
 # the list of those is written beside the kernels (dropped_ops.txt). Not for fp8/int4 GEMM checkpoints.
 # Needs: network for PyPI (vllm-0.16.0 sdist, torch 2.11.0 and its CUDA 13.0.2 packages, nvcc 13.0.88,
-# nvidia-cutlass 4.2.0.0 headers, cmake, ninja), python3.12, gcc. ~7 GB in the cache; ~1 h on 2 cores.
+# nvidia-cutlass 4.2.0.0 headers, cmake, ninja), python3.12, gcc. ~7 GB in the cache; from scratch
+# 46 min on 2 cores shared with a test suite (2026-12-04).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}/gpu-vllm016-routeb
@@ -103,7 +104,7 @@ tar xzf vllm-0.16.0.tar.gz vllm-0.16.0/csrc/torch_bindings.cpp vllm-0.16.0/csrc/
 venv/bin/python "$REPO/benchmarks/vllm016_gpu/route_b_tree.py" bindings vllm-0.16.0 $OBJ_PATHS | tee dropped_ops.txt
 nice ninja -C build -j "$JOBS" _C _moe_C cumem_allocator
 venv/bin/python "$REPO/benchmarks/vllm016_gpu/route_b_check.py" build vllm-0.16.0 | tee -a dropped_ops.txt
-mkdir -p "$DEST.tmp"
+rm -rf "$DEST.tmp" && mkdir -p "$DEST.tmp"
 for so in _C _moe_C cumem_allocator; do
   f=$(ls build/$so.*.so | head -1)
   strip --strip-unneeded -o "$DEST.tmp/$(basename "$f")" "$f"
