@@ -13,7 +13,7 @@
 # the list of those is written beside the kernels (dropped_ops.txt). Not for fp8/int4 GEMM checkpoints.
 # Needs: network for PyPI (vllm-0.16.0 sdist, torch 2.11.0 and its CUDA 13.0.2 packages, nvcc 13.0.88,
 # nvidia-cutlass 4.2.0.0 headers, cmake, ninja), python3.12, gcc. ~7 GB in the cache; from scratch
-# 46 min on 2 cores shared with a test suite (2026-12-04).
+# 46 min on 2 cores shared with a test suite (one run under `time`, 2026-12-04; not in a results file).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}/gpu-vllm016-routeb
@@ -117,3 +117,13 @@ cp "$REPO/../shared/gpu-vllm016/v016_on_020so.patch" "$REPO/benchmarks/vllm016_g
 rm -rf "$DEST" && mv "$DEST.tmp" "$DEST"
 grep -q '^/.gpub016b/$' "$REPO/.git/info/exclude" 2>/dev/null || echo "/.gpub016b/" >> "$REPO/.git/info/exclude"
 du -b "$DEST"/* | sed "s|$REPO/||"
+# the committed record of this build and its check (written here only; atomically)
+RESULT=$REPO/benchmarks/results/vllm016_route_b/build_check.txt
+mkdir -p "$(dirname "$RESULT")"
+{
+  echo "# written by: bash benchmarks/vllm016_gpu/build_route_b.sh (JOBS=$JOBS), $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# machine: $(nproc) cores, $(uname -m), no GPU; this run ${SECONDS} s (objects already built are reused)"
+  echo "# torch $(venv/bin/python -c 'import torch; print(torch.__version__)'), nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), vLLM sdist sha256 $SDIST_SHA"
+  cat dropped_ops.txt
+  du -b "$DEST"/*.so.xz | sed "s|$REPO/||"
+} > "$RESULT.tmp" && mv "$RESULT.tmp" "$RESULT"
