@@ -243,10 +243,10 @@ def report(folder: str) -> int:
             "was the default for the first pass's rows, `bench-draft-segments-two-waves` let them fill it twice; "
             "two waves are the default since (`bench-draft-segments-one-wave`, benchmarks/draft_segment_waves.py, "
             "now runs the old rule). 'decode tile used' is the start-up check's decision in that engine, read from "
-            "the case's log (`raw/<call>/<case>.log`); these checks timed eager calls (host launch cost included): "
-            "in call 5 the one-wave case's check kept vLLM's 16-key tile, so call 5 compares tile 16 with one wave "
-            "against tile 128 with two waves, not the waves alone. The check times CUDA-graph replays since "
-            "(not yet run on a GPU).",
+            "the case's log (`raw/<call>/<case>.log`); in calls 4 and 5 the check timed eager calls (host launch "
+            "cost included): in call 5 the one-wave case's check kept vLLM's 16-key tile, so call 5 compares tile 16 "
+            "with one wave against tile 128 with two waves, not the waves alone. From call 6 on the check times "
+            "CUDA-graph replays (its log line says so).",
             "",
         ]
         for call, runs in calls.items():

@@ -521,8 +521,15 @@ def profile_steps(run, stacks: bool = False) -> dict:
         (o for o in averages if o.device_type == cpu and o.device_time_total > 0), key=lambda o: -o.device_time_total
     )
     extra = {"copy_stacks": _copy_stacks(prof, steps)} if stacks else {}
+    # vLLM's expert sort (moe_align_block_size): whether this version's MoE sorts a step's tokens
+    # by expert at all, the question behind patch moe-group-tokens-by-expert
+    sort = [e for e in kernels if "moe_align_block_size" in e.name]
     return {
         **extra,
+        "moe_sort_per_step": {
+            "calls": round(len(sort) / steps, 2),
+            "ms": round(sum(e.time_range.end - e.time_range.start for e in sort) / 1000 / steps, 4),
+        },
         "gpu_idle": _idle_gaps(kernels, steps),
         "host_waits": _host_waits(prof, steps),
         "steps": steps,

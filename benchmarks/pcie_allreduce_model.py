@@ -37,9 +37,9 @@ INPUTS = {
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _ratio_0_16() -> float:
+def _ratio_0_16(call: str = "2026-12-04-call2", column: str = "ours EAGLE-3 k=3, rope as 0.16") -> float:
     summary = json.loads((RESULTS / "vllm016_h200" / "summary.json").read_text())
-    return summary["deep24 2026-12-04-call2 4096"]["ours EAGLE-3 k=3, rope as 0.16 / ours plain"]
+    return summary[f"deep24 {call} 4096"][f"{column} / ours plain"]
 
 
 def _ratio_0_20(call: str, case: str) -> float:
@@ -52,7 +52,14 @@ def scenarios() -> dict[str, tuple[float, str]]:
     """t_spec(k=3) / t_plain at 4k, ours, every patch, 24-layer K2.5 slice, H200, read from the
     committed results (each a ratio of two cases of one device call)."""
     return {
-        "vLLM 0.16 (route C)": (_ratio_0_16(), "ours [M]: benchmarks/results/vllm016_h200, call 2026-12-04-call2"),
+        "vLLM 0.16 (route C)": (
+            _ratio_0_16(),
+            "ours [M]: benchmarks/results/vllm016_h200, call 2026-12-04-call2 (before async-spec-zero-bubble)",
+        ),
+        "vLLM 0.16 (route B)": (
+            _ratio_0_16("2026-12-04-call7", "ours EAGLE-3 k=3"),
+            "ours [M]: benchmarks/results/vllm016_h200, call 2026-12-04-call7 (0.16's own kernels, every patch)",
+        ),
         "vLLM 0.20, call 4": (
             _ratio_0_20("2026-12-04-call4", "dg24t-eagle3-k3-ownhead"),
             "ours [M]: benchmarks/results/draft_attention_tile_h200, call 2026-12-04-call4 (tile 128, one wave)",
@@ -60,6 +67,10 @@ def scenarios() -> dict[str, tuple[float, str]]:
         "vLLM 0.20, call 5": (
             _ratio_0_20("2026-12-04-call5", "dg24t-eagle3-k3-ownhead-2waves"),
             "ours [M]: same folder, call 2026-12-04-call5 (tile 128 and the first pass in two waves: today's defaults)",
+        ),
+        "vLLM 0.20, call 6": (
+            _ratio_0_20("2026-12-04-call6", "dg24t-eagle3-k3-ownhead"),
+            "ours [M]: same folder, call 2026-12-04-call6 (today's defaults, graph-timed tile check)",
         ),
     }
 

@@ -1,5 +1,5 @@
 """What vLLM's CUDA rotary op (``_C::rotary_embedding``) costs with a bf16 vs a float32
-cos/sin cache, on the GPU machine with the vLLM 0.20 bundle: the kernels one call launches
+cos/sin cache, on the GPU machine with a vLLM bundle (0.20, or 0.16 by route B/C): the kernels one call launches
 (torch.profiler, kernel-only µs), and whether the float32 copy of the bf16 cache gives
 bit-identical rotated query/key. Shapes: the K2.5 drafter's per-GPU share (8 query / 8 or
 1 KV heads of 128, 4 tokens), cache of 262,144 positions x 128 (K2.5's max positions).
@@ -87,6 +87,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "vllm": __import__("vllm").__version__,
+        "engine_route": os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel"),
         "rows": rows,
     }
     write_text(a.out, json.dumps(result, indent=1) + "\n")

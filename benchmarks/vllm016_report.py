@@ -1,4 +1,4 @@
-"""Tables for vLLM 0.16 on the H200 (route C) from the cases' raw JSON (suites v16tiny, v16deep,
+"""Tables for vLLM 0.16 on the H200 (routes B and C) from the cases' raw JSON (suites v16tiny, v16deep,
 v16prof, gguf of gpu_engine_e2e.py; each file written by the case that measured it, command and
 date inside; one sub-folder of raw/ per device call) into OUT/README.md and OUT/summary.json.
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -40,11 +41,16 @@ GPU_PATCHES = (
 )
 
 
+def _natural(p: Path) -> list:
+    """Sort key: call10 after call9."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", str(p))]
+
+
 def load_calls(raw: Path) -> dict[str, dict[str, dict]]:
     """Raw files by device call: one sub-folder of ``raw`` per call (its name sorts by date), one
     file per case. Ratios are only ever taken between cases of one call."""
     calls: dict[str, dict[str, dict]] = {}
-    for p in sorted(raw.rglob("*.json")):
+    for p in sorted(raw.rglob("*.json"), key=_natural):
         if not p.name.endswith(".case.json"):
             r = json.loads(p.read_text())
             calls.setdefault(p.parent.name, {})[r["case"]["name"]] = r
@@ -64,9 +70,26 @@ def _fmt_greedy(c: dict) -> str:
     return f"{c['identical']}/{c['prompts']}" + (f" (prompt:token margins {parts})" if parts else "")
 
 
-def tiny_section(runs: dict, summary: dict) -> list[str]:
+def route(runs: dict) -> str:
+    """The engine route a call ran on ("route B" / "route C"), from its cases' files."""
+    return "; ".join(sorted({r.get("engine_route", "?").split(":")[0] for r in runs.values()}))
+
+
+def tiny_sections(calls: dict, summary: dict) -> list[str]:
+    """One section per device call that ran a tiny case with a stock part (stock 0.16, or 0.16's
+    proposer) beside ours: greedy tokens are only compared between engines of one call (one route)."""
+    L = []
+    for call, runs in calls.items():
+        if any(n.startswith("v16-tiny") and "stock" in n for n in runs):
+            L += tiny_section(call, runs, summary)
+    return L
+
+
+def tiny_section(call: str, runs: dict, summary: dict) -> list[str]:
     L = [
-        "## Trained tiny pair (8 layers, hidden 256; the committed bench drafter), single stream",
+        f"## Trained tiny pair (8 layers, hidden 256; the committed bench drafter), call {call} ({route(runs)})",
+        "",
+        "Single stream; each case its own engine.",
         "",
         "| case | MLA impl | CUDA graphs (vLLM's log) | tok/s (256 tokens, best of 3) | drafts | accepted "
         "| per position | tau |",
@@ -82,7 +105,7 @@ def tiny_section(runs: dict, summary: dict) -> list[str]:
             f"{sp.get('drafts') or '-'} | {sp.get('accepted') or '-'} | {sp.get('per_pos') or '-'} | "
             f"{round(tau(acc, k), 3) if acc else '-'} |"
         )
-        summary[name] = {"tok_s": r["single_stream"]["tok_s"], "spec": sp, "impl": r["impls"]}
+        summary[f"{call} {name}"] = {"tok_s": r["single_stream"]["tok_s"], "spec": sp, "impl": r["impls"]}
     L += [
         "",
         "Greedy tokens, 12 held-out prompts x 64 tokens (batched); where runs part, the top-1 vs top-2 "
@@ -94,7 +117,7 @@ def tiny_section(runs: dict, summary: dict) -> list[str]:
     for a, b, what in GREEDY:
         if a in runs and b in runs:
             c = compare_greedy(runs[a], runs[b])
-            summary[f"greedy {a} vs {b}"] = c
+            summary[f"{call} greedy {a} vs {b}"] = c
             L.append(f"| {a} vs {b} | {what} | {_fmt_greedy(c)} |")
     fault = runs.get("v16-tiny-ours-fault-smem")
     if fault:
@@ -136,7 +159,8 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
         "dummy weights accept no draft, so every EAGLE-3 step is a full verify + draft step. One table per device "
         "call: ratios are taken within a call only. 'rope as 0.16': route C's rotary op (0.20's) casts 0.16's bf16 "
         "cos/sin cache on every call, 0.16's own op does not; these engines hand it a float32 copy made once "
-        "(`benchmarks/vllm016_gpu/route_c_rope.py`, stock and ours alike).",
+        "(`benchmarks/vllm016_gpu/route_c_rope.py`, stock and ours alike). Route B runs 0.16's own rotary op, "
+        "so its calls need no such column.",
         "",
     ]
     for call, runs in calls.items():
@@ -145,7 +169,7 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
             continue
         spec = [k for k in have if k.startswith("ours EAGLE-3")]
         L += [
-            f"### Call {call}",
+            f"### Call {call} ({route(runs)})",
             "",
             "| context | " + " | ".join(have) + "".join(f" | {k} / ours plain" for k in spec)
             + " | plain: stock / ours |",
@@ -225,15 +249,20 @@ def zero_bubble_section(calls: dict, summary: dict) -> list[str]:
     return L + [""]
 
 
-def gguf_section(runs: dict, summary: dict) -> list[str]:
+def gguf_sections(calls: dict, summary: dict) -> list[str]:
+    return [line for call, runs in calls.items() for line in gguf_section(call, runs, summary)]
+
+
+def gguf_section(call: str, runs: dict, summary: dict) -> list[str]:
     kept, ref = runs.get("gguf-q4k-experts-kept"), runs.get("gguf-dequantized-reference")
     if not (kept and ref):
         return []
     c = compare_greedy(ref, kept)
-    summary["gguf"] = {"tok_s": kept["single_stream"]["tok_s"], "reference_tok_s": ref["single_stream"]["tok_s"],
-                       "greedy_identical": [c["identical"], c["prompts"]]}  # fmt: skip
+    summary[f"gguf {call}"] = {"tok_s": kept["single_stream"]["tok_s"],
+                               "reference_tok_s": ref["single_stream"]["tok_s"],
+                               "greedy_identical": [c["identical"], c["prompts"]]}  # fmt: skip
     return [
-        "## GGUF on 0.16 (trained tiny target): experts kept quantized",
+        f"## GGUF on 0.16 (trained tiny target): experts kept quantized, call {call} ({route(runs)})",
         "",
         "`q4k.gguf`: experts' gate/up Q4_K and down Q8_0 kept quantized (vLLM's GGUF kernels), attention Q8_0 "
         'force-dequantized (`force_dequant: ["blk.*.attn_*"]`); the reference is a safetensors checkpoint of '
@@ -277,20 +306,27 @@ def host_section(runs: dict, summary: dict, top: int = 12) -> list[str]:
     return L
 
 
-def prof_section(runs: dict, summary: dict) -> list[str]:
+def prof_sections(calls: dict, summary: dict) -> list[str]:
+    return [line for call, runs in calls.items() for line in prof_section(call, runs, summary)]
+
+
+def prof_section(call: str, runs: dict, summary: dict) -> list[str]:
     cases = {n: runs[n]["profile"] for n in sorted(runs) if n.startswith("v16prof")}
     if not cases:
         return []
     L = [
-        "## Where a step's GPU time goes, 4k vs 128k (torch.profiler, in-process engine, our stack)",
+        f"## Where a step's GPU time goes (torch.profiler, in-process engine, our stack), call {call} ({route(runs)})",
         "",
         "Kernel time per engine step (ms) and calls per step. The profiler slows the host, so wall times here "
-        "are above the step table's; GPU-busy time is the union of kernel intervals.",
+        "are above the step table's; GPU-busy time is the union of kernel intervals. Expert sorts: vLLM's "
+        "`moe_align_block_size` kernels per step (0.16's Triton experts sort every batch by expert, so patch "
+        "moe-group-tokens-by-expert has nothing to do there; absent where the profile predates the count).",
         "",
         "| | " + " | ".join(n.replace("v16prof-deep24-ours-", "") for n in cases) + " |",
         "|---|" + "---:|" * len(cases),
         "| wall ms/step | " + " | ".join(str(p["wall_ms_per_step"]) for p in cases.values()) + " |",
         "| GPU busy ms/step | " + " | ".join(str(p["gpu_busy_ms_per_step"]) for p in cases.values()) + " |",
+        "| expert sorts per step (ms) | " + " | ".join(_sorts(p) for p in cases.values()) + " |",
     ]
     kernels: dict[str, float] = {}
     for p in cases.values():
@@ -302,10 +338,46 @@ def prof_section(runs: dict, summary: dict) -> list[str]:
             hit = next((k for k in p["kernels_full_names"] if k["kernel"][:70] == name), None)
             cells.append(f"{hit['ms']} ({hit['calls']})" if hit else "-")
         L.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    summary["profile"] = {
-        n: {"wall": p["wall_ms_per_step"], "busy": p["gpu_busy_ms_per_step"]} for n, p in cases.items()
+    summary[f"profile {call}"] = {
+        n: {"wall": p["wall_ms_per_step"], "busy": p["gpu_busy_ms_per_step"], "moe_sort": p.get("moe_sort_per_step")}
+        for n, p in cases.items()
     }
     return L + [""]
+
+
+def _sorts(profile: dict) -> str:
+    s = profile.get("moe_sort_per_step")
+    return f"{s['calls']} ({s['ms']})" if s else "-"
+
+
+def rope_sections(probes: Path, summary: dict) -> list[str]:
+    """rope_cache_probe.py's runs on a 0.16 engine (one folder per device call, with that call's
+    install log naming the route): does 0.16's rotary op convert the cos/sin cache per call?"""
+    L = []
+    for p in sorted(probes.glob("*/rope_cache_probe.json"), key=_natural):
+        r = json.loads(p.read_text())
+        install = (p.parent / "install.log").read_text()
+        how = next((ln for ln in install.splitlines() if ln.startswith("install016: vllm")), "install016: ?")
+        L += [
+            f"## vLLM 0.16's rotary op with K2.5's bf16 cos/sin cache, call {p.parent.name}",
+            "",
+            f"`{r['command']}`, {r['date']}; {how.removeprefix('install016: ')}. Kernels one call launches "
+            "(torch.profiler): 0.20's op converts a bf16 cache to float32 on every call "
+            "(benchmarks/results/rope_cache_h200.md; patch rope-float32-cache hands it a float32 copy made once); "
+            "where 0.16's op launches only its rotary kernel, the patch has nothing to remove, and where 0.16's op "
+            "refuses a float32 cache (an error row) the patch must not run: its version range leaves 0.16 out.",
+            "",
+            "| cache positions | KV heads | cache given to the op | µs per call | kernels per call |",
+            "|---:|---:|---|---:|---|",
+        ]
+        for x in r["rows"]:
+            ks = "; ".join(f"{v['calls_per_op']:g} x `{k[:48]}`" for k, v in x.get("kernels", {}).items())
+            L.append(f"| {x['positions']:,} | {x['kv_heads']} | {x['cache']} | {x.get('us_per_op', '-')} | "
+                     f"{ks or 'error: ' + x.get('error', '?')[:80]} |")  # fmt: skip
+        summary[f"rope {p.parent.name}"] = [[x["positions"], x["kv_heads"], x["cache"], x.get("us_per_op")]
+                                            for x in r["rows"]]  # fmt: skip
+        L.append("")
+    return L
 
 
 def main(argv=None) -> None:
@@ -324,16 +396,18 @@ def main(argv=None) -> None:
         "",
         f"Written by `python benchmarks/vllm016_report.py {a.raw} --out {a.out}` from `raw/` (one file per case, "
         f"written by `gpu_engine_e2e.py case`, its command and date inside; cases ran {dates[0]} .. {dates[-1]}). "
-        f"vLLM {', '.join(versions)}, **{'; '.join(routes)}** (benchmarks/vllm016_gpu/build.sh): the scheduler, "
-        "model runner, proposer, attention builders and model code are 0.16's; the C++/CUDA kernels are 0.20's. "
+        f"vLLM {', '.join(versions)}; routes: **{'; '.join(routes)}**. Both run 0.16's scheduler, model runner, "
+        "proposer, attention builders and model code; route C (benchmarks/vllm016_gpu/build.sh) on 0.20's C++/CUDA "
+        "kernels, route B (build_route_b.sh) on 0.16's own, compiled for the machine's torch. Each call's section "
+        "names its route; comparisons stay within a call. "
         "bf16, `max_num_seqs=4`, CUDA graphs with `compilation_config={'backend': 'eager'}`; each case its own "
         "engine, measured one at a time. 'stock' = every GPU patch of ours off (`VLLM_K2_DISABLE_PATCHES`), "
         "the model-support patches on (0.16 cannot run K2.5 EAGLE-3 without them).",
         "",
     ]
-    L += tiny_section(runs, summary) + deep_section(calls, summary) + zero_bubble_section(calls, summary)
-    L += prof_section(runs, summary)
-    L += host_section(runs, summary) + gguf_section(runs, summary)
+    L += tiny_sections(calls, summary) + deep_section(calls, summary) + zero_bubble_section(calls, summary)
+    L += prof_sections(calls, summary)
+    L += host_section(runs, summary) + gguf_sections(calls, summary) + rope_sections(a.raw.parent / "probes", summary)
     a.out.mkdir(parents=True, exist_ok=True)
     fileio.write_text(str(a.out / "README.md"), "\n".join(L))
     fileio.write_json(str(a.out / "summary.json"), summary)

@@ -49,3 +49,4 @@ def test_rig_model_is_the_scripts_output_and_reads_the_committed_ratios():
     committed = (REPO / "benchmarks" / "results" / "pcie_allreduce_model.md").read_text()
     assert _body(out.stdout).rstrip() == _body(committed).rstrip()
     assert "spec_over_plain, vLLM 0.16 (route C) | 1.491 x" in committed
+    assert "spec_over_plain, vLLM 0.16 (route B) | 1.285 x" in committed

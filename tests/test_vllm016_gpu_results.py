@@ -30,12 +30,29 @@ def test_committed_readme_and_summary_are_the_reports_output(tmp_path):
     assert ours == (RESULTS / "README.md").read_text().split("from `raw/`", 1)[1]
 
 
+def test_tiny_greedy_tokens_are_compared_within_one_call_only():
+    """Route C's stock engine against route B's ours would mix kernels: the report must not."""
+    calls = vllm016_report.load_calls(RESULTS / "raw")
+    stock_c = calls["2026-12-03-call3"]["v16-tiny-stock-graphs"]
+    ours_b = calls["2026-12-04-call7"]["v16-tiny-ours-graphs"]
+    assert stock_c["engine_route"].startswith("route C") and ours_b["engine_route"].startswith("route B")
+    text = "\n".join(
+        vllm016_report.tiny_sections(
+            {"c": {"v16-tiny-stock-graphs": stock_c}, "b": {"v16-tiny-ours-graphs": ours_b}}, {}
+        )
+    )
+    assert "v16-tiny-stock-graphs vs v16-tiny-ours-graphs" not in text
+    assert "call c (route C)" in text
+    both = "\n".join(vllm016_report.tiny_sections({"b": calls["2026-12-04-call7"]}, {}))
+    assert "v16-tiny-stock-graphs vs v16-tiny-ours-graphs | our MLA backend" in both and "call b (route B)" in both
+
+
 def test_every_raw_result_names_its_engine_route_command_and_date():
     raw = sorted((RESULTS / "raw").rglob("*.json"))
     assert raw
     for p in raw:
         r = json.loads(p.read_text())
-        assert r["vllm"] == "0.16.0" and r["engine_route"].startswith("route C"), p.name
+        assert r["vllm"] == "0.16.0" and r["engine_route"].startswith(("route B", "route C")), p.name
         assert r["command"].startswith("gpu_engine_e2e.py case") and r["date"].startswith("2026"), p.name
         assert p.stem == r["case"]["name"]
 
