@@ -386,7 +386,9 @@ def stock24_summary(raw: Path) -> dict | None:
         for name, r in sorted(runs.items()):  # vLLM's expert sort per step (counted since 2026-12-04)
             pr = r.get("profile", {})
             if "moe_sort_per_step" in pr:
+                on = [g for g in e2e.gpu_patches() if r["patches"].get(g) == "applied"]
                 sorts.append({"call": d.name, "case": name, **pr["moe_sort_per_step"],
+                              "gpu_patches_applied": on if r["case"].get("backend") == "stock" else len(on),
                               "moe-group-tokens-by-expert": r["patches"].get("moe-group-tokens-by-expert"),
                               "fused_moe_ms": pr["top_kernels_ms_per_step"].get("fused_moe_kernel")})  # fmt: skip
         if f"dg24sprof-{STOCK24['ours', 'plain']}" in runs:
@@ -431,12 +433,14 @@ def stock24_markdown(h: dict) -> list[str]:
             "tokens each step): stock 0.20 leaves a batch of 4 unsorted (each token-expert pair its own block), "
             "patch moe-group-tokens-by-expert sorts it. fused_moe: `fused_moe_kernel` ms per step.",
             "",
-            "| call | case | moe-group-tokens-by-expert | sorts per step | sort ms per step | fused_moe ms per step |",
-            "|---|---|---|---|---|---|",
+            "| call | case | moe-group-tokens-by-expert | sorts per step | sort ms per step | fused_moe ms per step "
+            "| our GPU patches applied (a stock case: which) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for x in h["moe_sorts"]:
+            on = x["gpu_patches_applied"]
             lines.append(_row(x["call"], x["case"], x["moe-group-tokens-by-expert"], x["calls"], x["ms"],
-                              x["fused_moe_ms"]))  # fmt: skip
+                              x["fused_moe_ms"], ", ".join(on) if isinstance(on, list) else on))  # fmt: skip
     p = h["profiled"]
     if p is None:
         return lines + [""]

@@ -1246,8 +1246,6 @@ MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"
 #: vLLM 0.16: speculative steps prepared without waiting for the previous accepted count.
 ZERO_BUBBLE = "async-spec-zero-bubble"
-#: The EAGLE drafter of an MLA target on TRITON_ATTN instead of vLLM's pick (patch draft-attention-triton).
-DRAFTER_TRITON = "draft-attention-triton"
 #: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
 #: "draft_head": "own"); without it vLLM shares the target's full-vocabulary head with it.
 DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
@@ -1259,6 +1257,21 @@ ROPE016 = {"route_c_rope": True}
 #: vLLM 0.16, dummy weights only: the accepted count taken as "all accepted" instead of waited for
 #: at the start of each step (case key "nosync_bound"): the bound of a zero-bubble backport.
 NOSYNC_BOUND = "benchmarks.vllm016_gpu.async_spec_bound"
+
+
+#: Features whose patches change what the GPU runs: a "stock" case turns every one of their patches
+#: off (the model-support patches stay on: K2.5 needs them).
+GPU_FEATURES = ("mla", "draft_graph", "draft_attention", "moe_verify", "rope_cache", "async_spec", "comm")
+
+
+def gpu_patches() -> list[str]:
+    """The registered patches of GPU_FEATURES, in application order (a new one is off in stock cases
+    without a list to update)."""
+    from vllm_k2_plugin.features import load_feature_patches
+    from vllm_k2_plugin.patching import REGISTRY
+
+    load_feature_patches()
+    return [p.name for p in REGISTRY if p.feature in GPU_FEATURES]
 
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
@@ -1273,9 +1286,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
     env.update(case.get("env", {}))
     off = list(case.get("disable", []))
     if case["backend"] == "stock":
-        # every patch of ours that changes what the GPU runs (the model-support ones stay: K2.5 needs them)
-        off += ["triton-mla-k2-decode", "draft-step-graph", DRAFTER_TRITON, PREFILL_AS_DECODE, MOE_SORTED,
-                DRAFT_SEGMENTS, ROPE_FLOAT32, ZERO_BUBBLE]  # fmt: skip
+        off += gpu_patches()
     if off:
         env["VLLM_K2_DISABLE_PATCHES"] = ",".join(off)
     if "draft_graph" in case:

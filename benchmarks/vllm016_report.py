@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_engine_e2e import CONTEXTS, compare_greedy, graph_modes, tau  # noqa: E402
+from gpu_engine_e2e import CONTEXTS, compare_greedy, gpu_patches, graph_modes, tau  # noqa: E402
 
 from vllm_k2_plugin import fileio  # noqa: E402
 
@@ -29,16 +29,7 @@ GREEDY = [
     ("v16-tiny-ours-eagle3-k3-draftgraph-waits", "v16-tiny-ours-eagle3-k3-draftgraph",
      "async-spec-zero-bubble vs 0.16's wait for the accepted count"),
 ]  # fmt: skip
-GPU_PATCHES = (
-    "triton-mla-k2-decode",
-    "draft-step-graph",
-    "draft-attention-triton",
-    "draft-prefill-as-decode",
-    "draft-attention-segments",
-    "moe-group-tokens-by-expert",
-    "rope-float32-cache",
-    "async-spec-zero-bubble",
-)
+GPU_PATCHES = tuple(gpu_patches())  # every patch a "stock" case turns off
 
 
 def _natural(p: Path) -> list:
@@ -73,6 +64,21 @@ def _fmt_greedy(c: dict) -> str:
 def route(runs: dict) -> str:
     """The engine route a call ran on ("route B" / "route C"), from its cases' files."""
     return "; ".join(sorted({r.get("engine_route", "?").split(":")[0] for r in runs.values()}))
+
+
+def not_quite_stock(runs: dict) -> list[str]:
+    """A line naming the "stock" cases with a GPU patch of ours applied, from the states each case
+    recorded (the stock list once lacked draft-attention-tile and tp-pcie-oneshot-allreduce; it is
+    read from the patch registry since)."""
+    leaks = []
+    for name, r in sorted(runs.items()):
+        on = [p for p in GPU_PATCHES if r["case"].get("backend") == "stock" and r["patches"].get(p) == "applied"]
+        if on:
+            leaks.append(f"{name} ({', '.join(on)})")
+    if not leaks:
+        return []
+    why = "as each engine recorded it; whether the patch acted there is in the case's log, where committed"
+    return ["", f"'Stock' engines with a GPU patch of ours in state 'applied' ({why}): " + "; ".join(leaks) + ".", ""]
 
 
 def tiny_sections(calls: dict, summary: dict) -> list[str]:
@@ -119,6 +125,7 @@ def tiny_section(call: str, runs: dict, summary: dict) -> list[str]:
             c = compare_greedy(runs[a], runs[b])
             summary[f"{call} greedy {a} vs {b}"] = c
             L.append(f"| {a} vs {b} | {what} | {_fmt_greedy(c)} |")
+    L += not_quite_stock({n: r for n, r in runs.items() if n.startswith("v16-tiny")})
     fault = runs.get("v16-tiny-ours-fault-smem")
     if fault:
         line = next((ln for ln in fault.get("log_lines", []) if "elf-check failed" in ln), "(no self-check line)")
@@ -148,7 +155,7 @@ DEEP = {
     "ours EAGLE-3 k=3, rope as 0.16, bound (no wait)": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound",
 }
 #: patches whose state distinguishes the calls' EAGLE-3 runs
-CALL_PATCHES = ("draft-attention-tile", "bench-route-c-rope-as-016", "bench-async-spec-nosync-bound")
+CALL_PATCHES = ("bench-route-c-rope-as-016", "bench-async-spec-nosync-bound")
 
 
 def deep_section(calls: dict, summary: dict) -> list[str]:
@@ -194,6 +201,7 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
                         for k, r in have.items()),
             "",
         ]  # fmt: skip
+        L += not_quite_stock({n: r for n, r in runs.items() if n.startswith("v16-deep24")})
     return L
 
 

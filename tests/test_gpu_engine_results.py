@@ -36,3 +36,23 @@ def test_greedy_comparison_and_tau():
     c = e2e.compare_greedy(a, b)
     assert c["identical"] == 1 and c["divergences"] == [{"prompt": 1, "token": 1, "margins": [0.0625, 0.0]}]
     assert e2e.tau([0.8, 0.6, 0.5], 2) == 1 + 0.8 + 0.6
+
+
+#: Features whose patches a "stock" engine keeps: K2.5 and its EAGLE-3 need them on every vLLM.
+MODEL_SUPPORT_FEATURES = {"models", "cpu", "eagle3", "gguf", "speculators", "spec_guard"}
+
+
+def test_stock_cases_turn_off_every_gpu_patch_and_only_those():
+    """A "stock" engine that kept one of our GPU patches (draft-attention-tile once) is not stock:
+    every registered patch is either off there or of a model-support feature, never both."""
+    from vllm_k2_plugin.features import load_feature_patches
+    from vllm_k2_plugin.patching import REGISTRY
+
+    env = e2e.case_env({"backend": "stock", "task": "steps", "graphs": False}, "/nonexistent", 1)
+    off = set(env["VLLM_K2_DISABLE_PATCHES"].split(","))
+    assert {"triton-mla-k2-decode", "draft-attention-tile", "async-spec-zero-bubble"} <= off
+    load_feature_patches()
+    for p in REGISTRY:
+        assert (p.name in off) != (p.feature in MODEL_SUPPORT_FEATURES), (p.name, p.feature)
+    ours = e2e.case_env({"backend": "ours", "task": "steps", "graphs": False, "disable": ["x"]}, "/nonexistent", 1)
+    assert ours["VLLM_K2_DISABLE_PATCHES"] == "x"

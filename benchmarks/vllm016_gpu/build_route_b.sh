@@ -96,9 +96,7 @@ OBJ_PATHS=$(sed 's|^|build/|' <<< "$OBJS")
 # the driver at link time: a stand-in exporting what the objects import, so the linker (--as-needed)
 # records libcuda.so.1 as needed; the device's driver provides the real functions
 # shellcheck disable=SC2086
-nm -u $OBJ_PATHS | awk '$1 == "U" && $2 ~ /^cu[A-Z]/ {print "int " $2 "(void) { return 1; }"}' | sort -u \
-  > cuda/lib64/stubs/libcuda_stand_in.c
-gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o cuda/lib64/stubs/libcuda.so cuda/lib64/stubs/libcuda_stand_in.c
+venv/bin/python "$REPO/benchmarks/vllm016_gpu/route_b_check.py" stand-in cuda/lib64/stubs/libcuda.so $OBJ_PATHS
 tar xzf vllm-0.16.0.tar.gz vllm-0.16.0/csrc/torch_bindings.cpp vllm-0.16.0/csrc/moe/torch_bindings.cpp  # as released
 # shellcheck disable=SC2086
 venv/bin/python "$REPO/benchmarks/vllm016_gpu/route_b_tree.py" bindings vllm-0.16.0 $OBJ_PATHS | tee dropped_ops.txt

@@ -2,6 +2,7 @@
 vLLM 0.16.0's Python reaches in a bf16 MLA/MoE engine is registered with 0.16's schema.
 
     python route_b_check.py BUILD_DIR VLLM_016_SRC
+    python route_b_check.py stand-in OUT.so FILE...   (the build's link-time driver stand-in)
 
 The driver library is absent here; a stand-in exporting the driver functions the extensions import
 is built for the load only (the device's own libcuda.so.1 resolves them there). The ops named in
@@ -32,18 +33,21 @@ REQUIRED = {
 }
 
 
-def _driver_imports(so: Path) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--undefined-only", str(so)], capture_output=True, text=True, check=True)
+def _driver_imports(path: Path) -> set[str]:
+    """CUDA driver functions (``cu*``) an object file or shared library leaves undefined."""
+    dynamic = ["-D"] if ".so" in path.suffixes else []
+    out = subprocess.run(["nm", *dynamic, "--undefined-only", str(path)], capture_output=True, text=True, check=True)
     return {ln.split()[-1].split("@")[0] for ln in out.stdout.splitlines() if re.search(r"\s+U\s+cu[A-Z]", ln)}
 
 
-def _driver_stand_in(sos: list[Path], where: Path) -> None:
-    c = where / "stand_in.c"
+def write_driver_stand_in(files: list[Path], out: Path) -> None:
+    """A library named libcuda.so.1 exporting the driver functions ``files`` import: at link time
+    it makes the linker (--as-needed) record libcuda.so.1, for the check it lets them load."""
+    c = out.with_suffix(".c")
     c.write_text(
-        "".join(f"int {name}(void) {{ return 1; }}\n" for name in sorted(set().union(*map(_driver_imports, sos))))
+        "".join(f"int {name}(void) {{ return 1; }}\n" for name in sorted(set().union(*map(_driver_imports, files))))
     )
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(where / "libcuda.so.1"), str(c)],
-                   check=True)  # fmt: skip
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(c)], check=True)
 
 
 def _load_problems(build: Path, sos: list[Path]) -> list[str]:
@@ -92,12 +96,15 @@ def check(build: Path, src: Path) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["stand-in"] and len(sys.argv) > 3:
+        write_driver_stand_in([Path(f) for f in sys.argv[3:]], Path(sys.argv[2]))
+        return 0
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     if os.environ.get("ROUTE_B_CHECK_CHILD") != "1":  # the stand-in must be on the loader's path at start
         with tempfile.TemporaryDirectory() as d:
             sos = [*Path(sys.argv[1]).glob("*.so")]
-            _driver_stand_in(sos, Path(d))
+            write_driver_stand_in(sos, Path(d) / "libcuda.so.1")
             env = dict(
                 os.environ, ROUTE_B_CHECK_CHILD="1", LD_LIBRARY_PATH=f"{d}:{os.environ.get('LD_LIBRARY_PATH', '')}"
             )
