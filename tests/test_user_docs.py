@@ -83,7 +83,7 @@ def _section(text: str, heading: str) -> str:
 def _table_rows(section: str) -> list[list[str]]:
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("|")]  # fmt: skip
-    return [r for r in rows[2:]]  # header and rule first
+    return rows[2:]  # header and rule first
 
 
 def _minors(cell: str) -> list[int]:
@@ -128,7 +128,7 @@ def test_reference_numbers_carry_their_source():
 def test_every_speed_number_names_weights_and_concurrency():
     rows = _table_rows(_section(README.read_text(), "Does speculation pay on my setup?"))
     assert rows, "README: the table of measurements is gone"
-    for what, measured, results in rows:
+    for what, _measured, results in rows:
         assert re.search(r"float32|bf16|fp8|int4|Q\d_K", what), f"measurement row names no weight format: {what!r}"
         assert re.search(r"one request|concurrency \d+|\d+ requests", what), f"row names no concurrency: {what!r}"
         assert re.search(r"\]\(benchmarks/results/", results), f"row links no results file: {results!r}"
