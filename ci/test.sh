@@ -1,47 +1,115 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): build both real vLLM engines (cached) and run
-# the whole suite once per engine; then the vLLM 0.34 import check (GPU wheel, no engine:
-# tests/test_vllm034_import.py and tests/test_patch_files_034.py only). Exit code:
-# non-zero if any engine's run failed; pytest's "no tests collected" (5) counts as
-# failure, never as green.
+# The test command (README, .ci/run). Builds the real vLLM engines (cached), then runs in tiers,
+# each timed:
+#   lint     ruff check . (ruff from an engine venv: ci/engine.sh installs it there)
+#   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv: minutes
+#   engines  tests that start real engines (pytest -m slow): vLLM 0.16 first (the training
+#            end-to-end test extracts there and serves on the latest), then the latest
+#   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py and
+#            tests/test_patch_files_034.py only)
+#
+#   bash ci/test.sh                          # every tier
+#   VLLM_K2_TIERS="lint fast" bash ci/test.sh  # a developer's quick pass
+#   bash ci/test.sh -k doctor                # arguments go to pytest (not to the import check)
+#
+# Exit code: non-zero if any tier failed. pytest's "no tests collected" (5) counts as failure
+# when no arguments narrowed the selection, never as green.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest vllm034"}
+TIERS=${VLLM_K2_TIERS:-"lint fast engines import"}
+T_START=$(date +%s)
 status=0
 summary=()
+has() { [[ " $1 " == *" $2 "* ]]; }
 # The training pipeline's end-to-end test spans both engines (extraction on 0.16,
 # serving on the latest): one shared run directory for this invocation.
 if [[ -z "${VLLM_K2_E2E_DIR:-}" ]]; then
   export VLLM_K2_E2E_DIR=$(mktemp -d -t vllm-k2-e2e-XXXX)
   trap 'rm -rf "$VLLM_K2_E2E_DIR"' EXIT
 fi
+
+# --- engines (cached builds) ----------------------------------------------------------
+declare -A VENV
+t0=$(date +%s)
 for engine in $ENGINES; do
-  t0=$(date +%s)
-  venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
-  [[ "$engine" == vllm016 ]] && export VLLM_K2_VENV_VLLM016="$venv"
+  # the 0.34 venv serves only the import tier
+  [[ "$engine" == vllm034 ]] && ! has "$TIERS" import && continue
   t1=$(date +%s)
+  venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
+  VENV[$engine]=$venv
+  [[ "$engine" == vllm016 ]] && export VLLM_K2_VENV_VLLM016="$venv"
   version=$("$venv/bin/python" -c 'from vllm_k2_plugin.patching.versions import vllm_version_string as v; print(v())')
-  echo "=== tests on engine $engine ($version), engine ready in $((t1 - t0)) s" \
+  echo "=== engine $engine ($version) ready in $(( $(date +%s) - t1 )) s" \
        "(venv built in $(cat "$venv/.install-seconds" 2>/dev/null || echo '?') s, $(cat "$venv/.install-size" 2>/dev/null || echo '?'))"
-  # The 0.34 venv can import vLLM, not start it: only its import check and its patch
-  # series (applied to a copy, probes flipped) run there.
-  tests=("$@")
-  [[ "$engine" == vllm034 ]] && tests=(tests/test_vllm034_import.py tests/test_patch_files_034.py)
+done
+summary+=("engine builds: $(( $(date +%s) - t0 )) s")
+
+# One pytest run; its result joins the summary. $1: label, $2: venv, rest: pytest arguments.
+run_pytest() {
+  local label=$1 venv=$2 rc t1
+  shift 2
+  t1=$(date +%s)
+  echo "=== $label"
   # A private basetemp: pytest prunes old numbered dirs under /tmp/pytest-of-$USER, which
   # would delete another concurrent session's fixtures.
-  basetemp=$(mktemp -d -t "vllm-k2-pytest-$engine-XXXX")
-  "$venv/bin/python" -m pytest --basetemp "$basetemp" "${tests[@]}"
+  local basetemp
+  basetemp=$(mktemp -d -t "vllm-k2-pytest-XXXX")
+  "$venv/bin/python" -m pytest --basetemp "$basetemp" "$@"
   rc=$?
   rm -rf "$basetemp"
-  t2=$(date +%s)
   if [[ $rc -eq 5 ]]; then
-    echo "engine $engine: pytest collected no tests - treated as a failure" >&2
-    rc=1
+    if [[ -n "$USER_ARGS" ]]; then
+      echo "$label: no test selected by the given arguments"; rc=0
+    else
+      echo "$label: pytest collected no tests - treated as a failure" >&2; rc=1
+    fi
   fi
-  summary+=("$engine: pytest exit $rc, engine $((t1 - t0)) s, tests $((t2 - t1)) s")
+  summary+=("$label: pytest exit $rc, $(( $(date +%s) - t1 )) s")
   [[ $rc -ne 0 ]] && status=1
-done
+  return 0
+}
+USER_ARGS="$*"
+
+# --- lint ---------------------------------------------------------------------------------
+if has "$TIERS" lint; then
+  t1=$(date +%s)
+  ruff=""
+  for engine in latest vllm016; do
+    [[ -n "${VENV[$engine]:-}" && -x "${VENV[$engine]}/bin/ruff" ]] && { ruff=${VENV[$engine]}/bin/ruff; break; }
+  done
+  if [[ -z "$ruff" ]]; then
+    echo "lint: no engine venv with ruff among '$ENGINES' (ci/engine.sh installs it in vllm016 and latest)" >&2
+    rc=1
+  else
+    echo "=== lint: $("$ruff" --version) check ."
+    "$ruff" check .
+    rc=$?
+  fi
+  summary+=("lint: ruff exit $rc, $(( $(date +%s) - t1 )) s")
+  [[ $rc -ne 0 ]] && status=1
+fi
+
+# --- tests --------------------------------------------------------------------------------
+if has "$TIERS" fast; then
+  for engine in latest vllm016; do
+    [[ -n "${VENV[$engine]:-}" ]] && run_pytest "fast tier on $engine" "${VENV[$engine]}" -m "not slow" "$@"
+  done
+fi
+if has "$TIERS" engines; then
+  for engine in vllm016 latest; do
+    [[ -n "${VENV[$engine]:-}" ]] && run_pytest "engine tier on $engine" "${VENV[$engine]}" -m slow "$@"
+  done
+fi
+# The 0.34 venv can import vLLM, not start it: only its import check and its patch
+# series (applied to a copy, probes flipped) run there.
+if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
+  USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
+    tests/test_vllm034_import.py tests/test_patch_files_034.py
+fi
+
 printf '%s\n' "${summary[@]}"
+echo "total: $(( $(date +%s) - T_START )) s"
 exit $status
