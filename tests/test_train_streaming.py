@@ -259,7 +259,7 @@ def source(text_model, tmp_path_factory):
 
 def _train_cmd(src, data, out, *extra):
     return [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", src["target"],
-            "--data", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
+            "--extracted", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
 
 
 @pytest.mark.vllm_independent
