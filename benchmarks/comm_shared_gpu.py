@@ -36,6 +36,8 @@ def sizes_for(world: int) -> list[int]:
 
 def worker(rank: int, world: int, port: int, result_path: str, fault: str) -> None:
     os.environ["VLLM_K2_EXTRA_PATCH_MODULES"] = "tests.comm_shared_gpu" + (",tests.comm_faults" if fault else "")
+    # the patch is opt-in, and these ranks serve no model for its model gate to ask about
+    os.environ["VLLM_K2_PCIE_ALLREDUCE"] = os.environ["VLLM_K2_ANY_MODEL"] = "1"
     if fault:
         os.environ["COMM_FAULT"] = fault
     import torch

@@ -1313,6 +1313,8 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
 def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> int:
     """Run a suite's cases; returns how many produced a result. A first group in which no engine
     came up ends the suite (the others would fail the same way and spend the device call)."""
+    from vllm_k2_plugin.procs import start_group
+
     out.mkdir(parents=True, exist_ok=True)
     if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny"):
         from vllm_k2_plugin.fixtures import build_fixture
@@ -1343,7 +1345,7 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
             ]
             env = case_env(case, str(gdir), len(group))
             # own session: the engine core child is killed with it (cases exit without teardown)
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = start_group(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             procs.append((case, proc, log))
         deadline = time.time() + left
         pending = list(procs)
@@ -1368,13 +1370,9 @@ def _results(out: Path) -> int:
 
 
 def _finish(case: dict, p: subprocess.Popen, log, gdir: Path, out: Path) -> None:
-    if p.poll() is None:
-        p.kill()
-        p.wait()
-    try:
-        os.killpg(p.pid, 9)  # the engine core child, if any is left
-    except ProcessLookupError:
-        pass
+    from vllm_k2_plugin.procs import stop_group
+
+    stop_group(p, grace_s=0)  # at once, the engine core child too (the next group needs the GPU)
     Path(gdir, f"{case['name']}.exit").touch()
     log.close()
     text = (out / f"{case['name']}.log").read_text(errors="replace")

@@ -23,7 +23,7 @@ def bench(k25_model, fixture_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     serve = "--dtype float32 --max-model-len 512 --enforce-eager --trust-remote-code --max-num-seqs 4"
     cmd = [
-        sys.executable, "-m", "vllm_k2_plugin.cli", "bench", "ab", k25_model,
+        sys.executable, "-m", "vllm_k2_plugin.cli", "bench", "ab", "--target", k25_model,
         "--mode", "ngram", "--mode", f"eagle3={draft}", "--serve-args", serve,
         "--concurrency", "1", "--rounds", "1", "--max-tokens", "24", "--limit", "3", "--out", str(out),
     ]  # fmt: skip

@@ -66,16 +66,24 @@ def test_sizes_without_an_engine_config_follow_the_hidden_size_given():
     assert engine_message_sizes(8)[0] == [14336, 28672, 57344, 114688]
 
 
+@pytest.fixture(autouse=True)
+def _opted_in(monkeypatch):
+    """The patch is opt-in; these tests drive it as a user who switched it on would."""
+    monkeypatch.setenv("VLLM_K2_PCIE_ALLREDUCE", "1")
+
+
 @pytest.mark.vllm_independent
-def test_switch_and_its_bad_values(monkeypatch):
+def test_switch_is_off_by_default_and_names_its_bad_values(monkeypatch):
     from vllm_k2_plugin.comm.patch import _not_wanted
 
+    monkeypatch.delenv("VLLM_K2_PCIE_ALLREDUCE")
+    assert _not_wanted() == "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
     monkeypatch.setenv("VLLM_K2_PCIE_ALLREDUCE", "0")
-    assert _not_wanted() == "VLLM_K2_PCIE_ALLREDUCE=0"
+    assert _not_wanted() == "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
     monkeypatch.setenv("VLLM_K2_PCIE_ALLREDUCE", "maybe")
     with pytest.raises(ValueError, match="VLLM_K2_PCIE_ALLREDUCE='maybe'"):
         _not_wanted()
-    monkeypatch.delenv("VLLM_K2_PCIE_ALLREDUCE")
+    monkeypatch.setenv("VLLM_K2_PCIE_ALLREDUCE", "1")
     assert _not_wanted() is None
 
 
@@ -139,9 +147,13 @@ def test_doctor_comm_says_what_it_cannot_measure_here(capsys, monkeypatch, tmp_p
     monkeypatch.setenv("VLLM_K2_CACHE", str(tmp_path))
     for var in ("NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_GRAPH_FILE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("VLLM_K2_PCIE_ALLREDUCE")
     assert main(["doctor", "--comm"]) == 0
     out = capsys.readouterr().out
     assert "NCCL_P2P_LEVEL=SYS NCCL_PROTO=LL" in out and "none recorded" in out
+    # when to switch the opt-in path on, and that it has not run on PCIe GPUs yet
+    assert "VLLM_K2_PCIE_ALLREDUCE: off (default)" in out and "not yet been run on PCIe GPUs" in out
+    assert "more than 2 GPUs without NVLink" in out
     assert "not measured" in out and "need two GPUs or more" in out
     # neither CI engine has FlashInfer installed (0.16 has no such path at all): said, not measured
     assert "FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30, FlashInfer >= 0.7): not here" in out

@@ -114,6 +114,40 @@ def test_vllm_config_path_rejects_bad_drafters(bad_drafters, k25_model, tmp_path
         assert bad_drafters[case][1] in r["error"] and path in r["error"]
 
 
+def test_missing_or_broken_directories_name_the_path_and_what_was_expected(k25_model, fixture_root, tmp_path):
+    """A missing target directory is not "a drafter needs config.json": every message names the
+    path it was given, what it was given as, and what it expected there."""
+    good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
+    gone = str(tmp_path / "no-such-target")
+    with pytest.raises(DraftCheckError) as e:
+        TargetShape.from_config_file(gone)
+    assert str(e.value) == f"{gone}: not a directory (expected the target model's directory, with its config.json)"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DraftCheckError, match="the target model directory .*empty needs a config.json") as e:
+        TargetShape.from_config_file(str(empty))
+    assert str(empty / "config.json") in str(e.value)
+    with pytest.raises(DraftCheckError, match="the EAGLE-3 drafter directory .*empty needs a config.json"):
+        check_draft(str(empty), TargetShape.from_config_file(k25_model))
+    with pytest.raises(DraftCheckError, match="expected the EAGLE-3 drafter's directory"):
+        check_draft(str(tmp_path / "no-such-drafter"), TargetShape.from_config_file(k25_model))
+    (empty / "config.json").write_text("[1, 2]")
+    with pytest.raises(DraftCheckError, match="the target model's config must be a JSON object, got list"):
+        TargetShape.from_config_file(str(empty))
+    (empty / "config.json").write_text('{"hidden_size": 8, "vocab_size": 16}')
+    with pytest.raises(DraftCheckError, match="the target model's field 'num_hidden_layers' is missing"):
+        TargetShape.from_config_file(str(empty))
+    (empty / "config.json").write_text("{")
+    with pytest.raises(DraftCheckError, match="invalid JSON in the target model's config"):
+        TargetShape.from_config_file(str(empty))
+    no_weights = tmp_path / "config-only"
+    no_weights.mkdir()
+    shutil.copy(os.path.join(good, "config.json"), no_weights)
+    with pytest.raises(DraftCheckError) as e:
+        check_draft(str(no_weights), TargetShape.from_config_file(k25_model))
+    assert str(e.value) == f"{no_weights}: no *.safetensors file (expected the EAGLE-3 drafter's weights there)"
+
+
 def test_good_drafter_passes_offline(k25_model, fixture_root):
     good = build_draft("legacy", str(fixture_root / "draft-legacy-src"), k25_model)
     s = check_draft(good, TargetShape.from_config_file(k25_model))

@@ -246,7 +246,7 @@ def test_engine_reports_loader_errors(ggufs, text_model, tmp_path):
 @pytest.mark.vllm_latest
 def test_retired_where_gguf_left_vllm():
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_k2_plugin.cli", "patches", "list", "--apply", "--json"],
+        [sys.executable, "-m", "vllm_k2_plugin.cli", "patches", "list", "--register", "--json"],
         env=engine_env(),
         capture_output=True,
         text=True,

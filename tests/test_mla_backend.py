@@ -66,7 +66,8 @@ print("RESULT" + json.dumps(result))
 def run_probe(tmp_path, **env) -> tuple[dict, str]:
     proc = subprocess.run(
         [sys.executable, "-c", PROBE],
-        env=engine_env(**{"TRITON_INTERPRET": "1", **env}),
+        # no engine here for the model gate to ask about: any model, unless a test says otherwise
+        env=engine_env(**{"TRITON_INTERPRET": "1", "VLLM_K2_ANY_MODEL": "1", **env}),
         capture_output=True,
         text=True,
         timeout=600,
@@ -114,6 +115,14 @@ def test_self_check_failure_falls_back_to_stock(tmp_path, fault):
     assert r["impl"].endswith("triton_mla.TritonMLAImpl")
     assert "K2" not in r["builder"]
     assert r["cg"] != "UNIFORM_BATCH" or not IS_016  # stock 0.16 has no full graphs
+
+
+def test_no_model_of_the_family_gets_vllms_own_triton_mla(tmp_path):
+    """Outside the DeepSeek-V3 / Kimi-K2.x family (here: no engine config at all) the backend
+    hands out vLLM's own classes, self-check or not."""
+    r, _ = run_probe(tmp_path, VLLM_K2_ANY_MODEL="0")
+    assert r["impl"].endswith("triton_mla.TritonMLAImpl")
+    assert "K2" not in r["builder"]
 
 
 def test_self_check_needs_a_device(tmp_path):

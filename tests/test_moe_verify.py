@@ -20,6 +20,14 @@ MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
 EXPERTS, TOP_K, HIDDEN, INTER = 384, 8, 7168, 2048 // 8  # K2.5 at TP 8
 
 
+@pytest.fixture(autouse=True)
+def _any_model(monkeypatch):
+    """These drive the patch's wrappers on bare vLLM objects, outside any engine: no engine
+    config for the model gate to read, so it is told to let any model through
+    (tests/test_model_scope.py covers the gate)."""
+    monkeypatch.setenv("VLLM_K2_ANY_MODEL", "1")
+
+
 def _installed():
     """The module with the wrapper installed (undone by the caller)."""
     from vllm_k2_plugin.moe_verify.patch import _wrap_prepare

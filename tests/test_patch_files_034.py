@@ -31,7 +31,8 @@ TWINS = (
     "spec-guard",
 )
 #: 0004's opt-in (bytes) and 0007's: the probe runs see them set, so stock answers False despite them.
-PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024), "VLLM_SPEC_DECODE_GUARD": "1"}
+PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024), "VLLM_SPEC_DECODE_GUARD": "1",
+               "VLLM_K2_PCIE_ALLREDUCE": "1"}  # fmt: skip
 #: Rows of a one-KV-head decode batch (8 query heads, scratch of 16 rows x 16 segments).
 ROWS = (1, 2, 4, 8, 9, 16, 17)
 H200_SMS = 132

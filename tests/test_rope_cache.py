@@ -17,6 +17,14 @@ torch = pytest.importorskip("torch")
 MODULE = "vllm.model_executor.layers.rotary_embedding.base"
 
 
+@pytest.fixture(autouse=True)
+def _any_model(monkeypatch):
+    """These drive the patch's wrappers on bare vLLM objects, outside any engine: no engine
+    config for the model gate to read, so it is told to let any model through
+    (tests/test_model_scope.py covers the gate)."""
+    monkeypatch.setenv("VLLM_K2_ANY_MODEL", "1")
+
+
 def _bare(base, cache_dtype=torch.bfloat16):
     m = base.__new__(base)
     torch.nn.Module.__init__(m)

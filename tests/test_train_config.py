@@ -9,7 +9,7 @@ from vllm_k2_plugin.cli import build_parser
 
 pytestmark = pytest.mark.vllm_independent
 
-BASE = ["train", "train", "--target", "t", "--data", "d", "--vocab", "v", "--out", "o"]
+BASE = ["train", "train", "--target", "t", "--extracted", "d", "--vocab", "v", "--out", "o"]
 
 
 @pytest.mark.parametrize(("text", "value"), [("on", True), ("True", True), ("1", True), ("off", False), ("no", False)])
@@ -34,7 +34,7 @@ def test_a_bad_boolean_is_an_error_naming_the_option(capsys):
 )
 def test_bad_bench_arguments_are_one_error_line_and_exit_2(capsys, args, option):
     with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["bench", "ab", "/models/x", *args])
+        build_parser().parse_args(["bench", "ab", "--target", "/models/x", *args])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("vllm-k2 bench ab: error: argument") and option in err[-1], err
@@ -43,13 +43,13 @@ def test_bad_bench_arguments_are_one_error_line_and_exit_2(capsys, args, option)
 def test_two_bench_modes_of_one_name_are_an_error(capsys):
     from vllm_k2_plugin.cli import main
 
-    assert main(["bench", "ab", "/m", "--mode", "eagle3=/a:3", "--mode", "eagle3=/b:3"]) == 2
+    assert main(["bench", "ab", "--target", "/m", "--mode", "eagle3=/a:3", "--mode", "eagle3=/b:3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("vllm-k2 bench ab: error: --mode") and "eagle3-k3" in err[-1], err
 
 
 def test_good_bench_arguments_parse():
-    a = build_parser().parse_args(["bench", "ab", "/m", "--mode", "eagle3=/d:4", "--concurrency", "1,8"])
+    a = build_parser().parse_args(["bench", "ab", "--target", "/m", "--mode", "eagle3=/d:4", "--concurrency", "1,8"])
     assert a.concurrency == [1, 8] and a.mode == ["eagle3=/d:4"]
 
 
@@ -57,9 +57,6 @@ def test_one_vocabulary_for_the_target_and_json():
     p = build_parser()
     for stage, extra in (("prepare", ["--data", "c.jsonl"]), ("extract", ["--prepared", "p"]),
                          ("vocab", ["--prepared", "p"])):  # fmt: skip
-        new = p.parse_args(["train", stage, "--target", "/t", "--out", "o", *extra])
-        old = p.parse_args(["train", stage, "--model", "/t", "--out", "o", *extra])  # earlier spelling still works
-        assert new.target == old.target == "/t"
-    ab = p.parse_args(["bench", "ab", "--target", "/t", "--mode", "ngram"])
-    assert ab.target_opt == "/t" and ab.target is None
+        assert p.parse_args(["train", stage, "--target", "/t", "--out", "o", *extra]).target == "/t"
+    assert p.parse_args(["bench", "ab", "--target", "/t", "--mode", "ngram"]).target == "/t"
     assert p.parse_args(["train", "plan", "--json"]).format == "json"

@@ -152,7 +152,7 @@ def test_shards_read_back_and_detect_corruption(synthetic, tmp_path):
 
 def _train_cmd(s, out, steps=8):
     return [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", s["target"],
-            "--data", s["data"], "--vocab", s["vocab"], "--out", str(out), "--steps", str(steps),
+            "--extracted", s["data"], "--vocab", s["vocab"], "--out", str(out), "--steps", str(steps),
             "--batch-size", "2", "--ttt-steps", "3", "--save-every", "2", "--lr", "1e-3"]  # fmt: skip
 
 

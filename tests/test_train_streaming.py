@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from vllm_k2_plugin.procs import stop_group
 from vllm_k2_plugin.train import shards, spool
 from vllm_k2_plugin.train.order import OrderError, SampleOrder
-from vllm_k2_plugin.train.recipe import RecipeError, load_recipe, stop_group
+from vllm_k2_plugin.train.recipe import RecipeError, load_recipe
 
 from .conftest import REPO, engine_env
 from .test_train_stages import _synthetic_shards, _synthetic_vocab
@@ -258,7 +259,7 @@ def source(text_model, tmp_path_factory):
 
 def _train_cmd(src, data, out, *extra):
     return [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", src["target"],
-            "--data", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
+            "--extracted", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
 
 
 @pytest.mark.vllm_independent

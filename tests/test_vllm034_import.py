@@ -60,12 +60,13 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "rope-float32-cache": (NOT_APPLICABLE, NO_CUDA),
     "async-spec-zero-bubble": (NOT_APPLICABLE, "is outside >=0.16,<0.17"),
     # its retire probe failed on 0.34 until it set mnnvl_only (a new attribute of the gate)
-    "tp-pcie-oneshot-allreduce": (APPLIED, ""),
+    "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"),
 }
 
 #: Opt-ins that take a patch past its "no CUDA device" gate: env -> {patch: (state, reason)}.
 OPT_IN: dict[str, dict[str, tuple[str, str]]] = {
     "VLLM_K2_DRAFT_GRAPH=1": {"draft-step-graph": (FAILED, NO_V1_PROPOSER)},
+    "VLLM_K2_PCIE_ALLREDUCE=1": {"tp-pcie-oneshot-allreduce": (APPLIED, "")},  # opt-in (not yet run on PCIe)
 }
 
 PROBE = r"""

@@ -38,7 +38,7 @@ def register() -> None:
     except Exception as e:  # noqa: BLE001 - the plugin must not take vLLM down
         if settings.strict:
             raise StrictModeAbort(f"vllm-k2 (VLLM_K2_STRICT=1): {type(e).__name__}: {e}") from e
-        logger.exception("vllm-k2: plugin failed to load; vLLM runs unpatched")
+        logger().exception("vllm-k2: plugin failed to load; vLLM runs unpatched")
     finally:
         if settings.trace_dir:
             from .trace import write_trace

@@ -85,7 +85,6 @@ def _patch_export(args: argparse.Namespace) -> int:
 def _fixture(args: argparse.Namespace) -> int:
     from .fixtures import build_draft, build_fixture
 
-    args.out = args.out_opt or args.out
     if not args.out:
         print("vllm-k2 fixture: error: the output directory is missing (--out DIR)", file=sys.stderr)
         return 2
@@ -159,9 +158,9 @@ def _bench_ab(args: argparse.Namespace) -> int:
         print(f"vllm-k2 bench ab: error: --mode: more than one mode named {', '.join(twice)}; "
               "name them with NAME={json}", file=sys.stderr)  # fmt: skip
         return 2
-    target = args.target_opt or args.target
+    target = args.target
     if not target:
-        print("vllm-k2 bench ab: error: the target model is missing (--target DIR or positional)", file=sys.stderr)
+        print("vllm-k2 bench ab: error: the target model is missing (--target DIR)", file=sys.stderr)
         return 2
     cfg = ABConfig(
         model=target,
@@ -228,8 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true")
     pl.add_argument(
         "--register",
-        "--apply",  # the earlier spelling, easily mistaken for `patches apply` (patch files): still accepted
-        dest="register",
         action="store_true",
         help="run the plugin's entry point in this process (memory only, nothing on disk) and show the states "
         "the patches get; `patches apply` is the other thing: patch files into vLLM's source",
@@ -283,8 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     ab = bsub.add_parser("ab", help="baseline vs n-gram vs EAGLE-3 on live vLLM servers")
-    ab.add_argument("target", nargs="?", help="target model to serve (ignored for modes given as NAME@URL)")
-    ab.add_argument("--target", dest="target_opt", metavar="TARGET", help="the same, as an option (one vocabulary)")
+    ab.add_argument("--target", help="target model to serve (ignored for modes given as NAME@URL)")
     ab.add_argument(
         "--mode",
         action="append",
@@ -333,8 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on Python code; draft-*: EAGLE-3 drafter for the target",
     )
     f.add_argument("--target", help="target fixture directory (for draft-*)")
-    f.add_argument("--out", dest="out_opt", metavar="OUT", help="output directory")
-    f.add_argument("out", nargs="?", help="output directory (the same, positional; kept for old scripts)")
+    f.add_argument("--out", help="output directory")
     f.add_argument("--force", action="store_true", help="rebuild even if present")
     f.set_defaults(func=_fixture)
     return p

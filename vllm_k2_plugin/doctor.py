@@ -14,11 +14,14 @@ ENTRY_GROUP = "vllm.general_plugins"
 
 
 def gpu_description() -> str:
+    """The GPU as vLLM's platform sees it (no CUDA context is made to find out)."""
+    from .platform import on_cuda
+
     try:
+        if not on_cuda():
+            return "none (vLLM's platform is not CUDA)"
         import torch
 
-        if not torch.cuda.is_available():
-            return "none (CPU)"
         cc = torch.cuda.get_device_capability()
         return f"{torch.cuda.get_device_name()} (sm_{cc[0]}{cc[1]}, {torch.cuda.device_count()} visible)"
     except Exception as e:  # noqa: BLE001

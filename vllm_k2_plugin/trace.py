@@ -35,10 +35,14 @@ def process_title() -> str:
         return os.path.basename(sys.argv[0]) if sys.argv else ""
 
 
-def write_trace(trace_dir: str, loads: int) -> None:
-    from .patching import REGISTRY
+def write_trace(trace_dir: str, loads: int | None = None) -> None:
+    """This process's record: written by register(), rewritten when the scope gate first
+    answers for a patch (``scope``: which patches acted for which model)."""
+    from . import _LOADS
+    from .patching import REGISTRY, scope
     from .patching.versions import vllm_version_string
 
+    loads = _LOADS if loads is None else loads
     os.makedirs(trace_dir, exist_ok=True)
     record = {
         "pid": os.getpid(),
@@ -48,6 +52,7 @@ def write_trace(trace_dir: str, loads: int) -> None:
         "call_site": loader_call_site(),
         "vllm": vllm_version_string(),
         "patches": {p.name: {"state": p.state.value, "reason": p.reason} for p in REGISTRY},
+        "scope": scope.decisions(),
     }
     fileio.write_json(os.path.join(trace_dir, f"{os.getpid()}-{loads}.json"), record)  # readers never see half
 

@@ -28,12 +28,15 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
+from ..platform import no_cuda
 from .choice import WaitOrCorrect
 from .correction import Optimistic, correct_on_device, self_check
 
 RUNNER = "vllm.v1.worker.gpu_model_runner"
 STATE = "_vllm_k2_async_spec"
+PATCH_NAME = "async-spec-zero-bubble"
 
 
 class RunnerState:
@@ -62,6 +65,8 @@ def _runner_off_reason(runner) -> str | None:
     from vllm.distributed.parallel_state import get_pp_group
 
     spec = runner.speculative_config
+    if not scope.acts(PATCH_NAME, getattr(runner, "vllm_config", None)):
+        return "a model outside the DeepSeek-V3 / Kimi-K2.x family"
     if not runner.use_async_scheduling:
         return "no async scheduling"
     if spec is None or not spec.use_eagle() or spec.disable_padded_drafter_batch:
@@ -235,9 +240,7 @@ def _wrap_sample_tokens(original):
 
 
 def _no_cuda() -> str | None:
-    import torch
-
-    return None if torch.cuda.is_available() else "no CUDA device (no speculative decoding on CPU in vLLM 0.16)"
+    return no_cuda("no speculative decoding on CPU in vLLM 0.16")
 
 
 class _Waited(Exception):
@@ -321,13 +324,11 @@ def _version() -> str:
 
 
 def logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.async_spec")
+    return get_logger("async_spec")
 
 
 @REGISTRY.patch(
-    name="async-spec-zero-bubble",
+    name=PATCH_NAME,
     feature="async_spec",
     target=f"{RUNNER}:GPUModelRunner._update_states",
     applies_to=">=0.16,<0.17",

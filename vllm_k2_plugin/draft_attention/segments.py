@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 
 MODULE = "vllm.v1.attention.backends.triton_attn"
 PATCH_NAME = "draft-attention-segments"
@@ -74,7 +74,7 @@ def _wrap_build(original):
     def build(self, *args, **kwargs):
         meta = original(self, *args, **kwargs)
         out = getattr(meta, "softmax_segm_output", None)
-        if out is not None and out.device.type == "cuda":
+        if out is not None and out.device.type == "cuda" and scope.acts(PATCH_NAME, getattr(self, "vllm_config", None)):
             widen(self, meta, _sm_count(out.device.index or 0))
         return meta
 

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import functools
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
+from ..platform import no_cuda
 
 OPS = "vllm.v1.attention.ops.triton_unified_attention"
 BUILDER = "vllm.v1.attention.backends.triton_attn"
+PATCH_NAME = "draft-attention-tile"
 CANDIDATE = 128
 #: a candidate must beat vLLM's tile by this factor (timing noise must not flip the choice)
 MARGIN = 0.95
@@ -215,6 +218,9 @@ def _wrap_init(original):
             dev = getattr(self, "device", None)
             if dev is None or torch.device(dev).type != "cuda" or torch.cuda.is_current_stream_capturing():
                 return
+            # no measurement, so no tile of ours, for a model outside the family
+            if not scope.acts(PATCH_NAME, getattr(self, "vllm_config", None)):
+                return
             index = torch.device(dev).index or 0
             heads_kv = int(kv_cache_spec.num_kv_heads)
             heads_q = max(int(self.num_heads_q), heads_kv)
@@ -239,19 +245,15 @@ def _upstream_tiles_wider() -> bool:
 
 
 def _no_cuda() -> str | None:
-    import torch
-
-    return None if torch.cuda.is_available() else "no CUDA device (the tile is measured on the GPU)"
+    return no_cuda("the tile is measured on the GPU")
 
 
 def logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.draft_attention")
+    return get_logger("draft_attention")
 
 
 @REGISTRY.patch(
-    name="draft-attention-tile",
+    name=PATCH_NAME,
     feature="draft_attention",
     target=f"{OPS}:_get_tile_size",
     applies_to=">=0.16",

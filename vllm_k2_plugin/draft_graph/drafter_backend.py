@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
 from .patch import _not_wanted, _upstream_graphs_drafts, uses_graphs
 
 TARGET = "vllm.platforms.cuda:CudaPlatformBase.get_attn_backend_cls"
 
 
 def _logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.draft_graph")
+    return get_logger("draft_graph")
 
 
 def drafter_of_mla_target(engine_config: Any, selector_config: Any) -> bool:
@@ -53,6 +52,7 @@ def _wrap_get_attn_backend_cls(pick):
             selected_backend is not None
             or not drafter_of_mla_target(engine, attn_selector_config)
             or not uses_graphs(engine, engine.speculative_config)  # eager: no draft graph to gain
+            or not scope.acts("draft-attention-triton", engine)
         ):
             return pick(cls, selected_backend, attn_selector_config, *args, **kwargs)
         default = pick(cls, None, attn_selector_config, *args, **kwargs)
@@ -78,11 +78,9 @@ def _wrap_get_attn_backend_cls(pick):
 
 
 def _no_cuda_or_not_wanted() -> str | None:
-    import torch
+    from ..platform import no_cuda
 
-    if not torch.cuda.is_available():
-        return "no CUDA device (a CUDA platform's backend choice)"
-    return _not_wanted()
+    return no_cuda("a CUDA platform's backend choice") or _not_wanted()
 
 
 @REGISTRY.patch(

@@ -36,9 +36,9 @@ REPLAYABLE_BUILDERS = (("vllm.v1.attention.backends.triton_attn", "TritonAttenti
 
 
 def _logger():
-    from vllm.logger import init_logger
+    from ..log import get_logger
 
-    return init_logger("vllm.k2_plugin.draft_graph")
+    return get_logger("draft_graph")
 
 
 def _builder_classes() -> tuple[type, ...]:

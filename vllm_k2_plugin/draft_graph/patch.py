@@ -3,7 +3,7 @@ whole ``propose`` as one CUDA graph (see graphs.py)."""
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 from ..settings import ENV_DRAFT_GRAPH, draft_graph_setting
 from .vllm_adapter import PROPOSER, propose_owner, proposer_class
 
@@ -11,9 +11,9 @@ ATTR = "_vllm_k2_draft_graphs"
 
 
 def _capture_possible() -> bool:
-    import torch
+    from ..platform import on_cuda
 
-    return torch.cuda.is_available()
+    return on_cuda()
 
 
 def _not_wanted() -> str | None:
@@ -48,9 +48,14 @@ def _wrap_propose(original):
         if graphs is None:
             from .graphs import DraftGraphs
 
-            capture = _capture_possible() and uses_graphs(self.vllm_config, self.speculative_config)
-            graphs = DraftGraphs(self, original, capture=capture)
+            if scope.acts("draft-step-graph", self.vllm_config):
+                capture = _capture_possible() and uses_graphs(self.vllm_config, self.speculative_config)
+                graphs = DraftGraphs(self, original, capture=capture)
+            else:
+                graphs = False  # a model outside the family: vLLM's propose, decided once per proposer
             self.__dict__[ATTR] = graphs
+        if graphs is False:
+            return original(self, *args, **kwargs)
         return graphs(*args, **kwargs)
 
     return propose

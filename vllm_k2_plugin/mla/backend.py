@@ -26,10 +26,12 @@ from typing import ClassVar
 
 import torch
 
+from ..patching import scope
 from . import launcher, selfcheck
 from .vllm_adapter import max_graph_tokens, pieces
 
 _V = pieces()
+PATCH_NAME = "triton-mla-k2-decode"
 
 
 @dataclass
@@ -162,8 +164,14 @@ class K2TritonMLABackend(_V.TritonMLABackend):
 
     @staticmethod
     def get_impl_cls():
-        return _V.TritonMLAImpl if selfcheck.failure() else K2TritonMLAImpl
+        return K2TritonMLAImpl if _ours() else _V.TritonMLAImpl
 
     @staticmethod
     def get_builder_cls():
-        return _V.TritonMLABackend.get_builder_cls() if selfcheck.failure() else K2TritonMLAMetadataBuilder
+        return K2TritonMLAMetadataBuilder if _ours() else _V.TritonMLABackend.get_builder_cls()
+
+
+def _ours() -> bool:
+    """Our impl and builder, or vLLM's: for a model of the family whose self-check passed.
+    vLLM asks for both under the engine's current config (model build, KV-cache set-up)."""
+    return scope.acts(PATCH_NAME, None) and not selfcheck.failure()

@@ -14,12 +14,13 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from vllm.logger import init_logger
 
+from ..log import get_logger
+from ..platform import on_cuda
 from . import configs, launcher
 from .reference import mismatch, mla_decode_reference, random_case
 
-logger = init_logger("vllm.k2_plugin.mla")  # under "vllm": vLLM's log handler and level
+logger = get_logger("mla")
 
 SM_SCALE = 0.1147
 #: cache lengths of the check's requests: one token, across a page edge, several pages
@@ -86,7 +87,7 @@ def check(shape: EngineShape, device: torch.device) -> None:
 
 
 def _device() -> torch.device | None:
-    if torch.cuda.is_available():
+    if on_cuda():
         return torch.device("cuda", torch.cuda.current_device())
     if launcher.interpreting():
         return torch.device("cpu")

@@ -37,12 +37,16 @@ class TargetShape:
     @classmethod
     def from_config_file(cls, target_dir: str) -> TargetShape:
         """From a target's config.json; multimodal wrappers keep it in text_config."""
-        cfg, where = read_draft_config(target_dir)
+        cfg, where = read_config(target_dir, "target model")
         text = text_config(cfg)
+        prefix = "text_config." if text is not cfg else ""
         try:
             return cls(int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
         except KeyError as e:
-            raise DraftCheckError(f"{where}: target field 'text_config.{e.args[0]}' is missing") from e
+            raise DraftCheckError(
+                f"{where}: the target model's field '{prefix}{e.args[0]}' is missing "
+                "(expected hidden_size, vocab_size and num_hidden_layers)"
+            ) from e
 
 
 @dataclass
@@ -63,21 +67,32 @@ def _field(cfg: dict, path: str, where: str, required: bool = True):
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
             if required:
-                raise DraftCheckError(f"{where}: field '{path}' is missing")
+                raise DraftCheckError(f"{where}: the EAGLE-3 drafter's field '{path}' is missing")
             return None
         node = node[part]
     return node
 
 
-def read_draft_config(draft_dir: str) -> tuple[dict, str]:
-    path = os.path.join(draft_dir, "config.json")
+def read_config(directory: str, role: str) -> tuple[dict, str]:
+    """``directory``/config.json as a dict and its path; ``role`` ("EAGLE-3 drafter", "target
+    model") names what the directory was given as, in every error."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isdir(directory):
+        raise DraftCheckError(f"{directory}: not a directory (expected the {role}'s directory, with its config.json)")
     if not os.path.isfile(path):
-        raise DraftCheckError(f"{path}: not found (an EAGLE-3 drafter directory needs config.json)")
+        raise DraftCheckError(f"{path}: not found (the {role} directory {directory} needs a config.json)")
     try:
         with open(path) as f:
-            return json.load(f), path
+            cfg = json.load(f)
     except json.JSONDecodeError as e:
-        raise DraftCheckError(f"{path}: invalid JSON ({e})") from e
+        raise DraftCheckError(f"{path}: invalid JSON in the {role}'s config ({e})") from e
+    if not isinstance(cfg, dict):
+        raise DraftCheckError(f"{path}: the {role}'s config must be a JSON object, got {type(cfg).__name__}")
+    return cfg, path
+
+
+def read_draft_config(draft_dir: str) -> tuple[dict, str]:
+    return read_config(draft_dir, "EAGLE-3 drafter")
 
 
 def _int_list(value, where: str, name: str) -> tuple[int, ...]:
@@ -148,7 +163,7 @@ def _aux_ids(cfg: dict, where: str) -> tuple[tuple[int, ...] | None, str]:
 def _weight_files(draft_dir: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(draft_dir, "*.safetensors")))
     if not files:
-        raise DraftCheckError(f"{draft_dir}: no *.safetensors weights found")
+        raise DraftCheckError(f"{draft_dir}: no *.safetensors file (expected the EAGLE-3 drafter's weights there)")
     return files
 
 

@@ -10,9 +10,29 @@ unsorted path: its experts are distinct anyway and the sort would only add a lau
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 
 MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+PATCH_NAME = "moe-group-tokens-by-expert"
+#: The model gate's answer for the model this process's runner loaded. The expert assignment
+#: runs in a forward, where vLLM holds no current config: the runner asks at load_model.
+_LOADED = {"acts": None}
+
+
+def _acts() -> bool:
+    known = _LOADED["acts"]
+    return scope.acts(PATCH_NAME, None) if known is None else known
+
+
+def _wrap_load_model(original):
+    def load_model(self, *args, **kwargs):
+        _LOADED["acts"] = scope.acts(PATCH_NAME, self.vllm_config)
+        return original(self, *args, **kwargs)
+
+    return load_model
+
+
 #: Experts and top-k of the probe: K2.5's routing.
 _EXPERTS, _TOP_K = 384, 8
 
@@ -23,7 +43,7 @@ def _wrap_prepare(original):
     fused_moe = importlib.import_module(MODULE)
 
     def prepare_expert_assignment(topk_ids, config, num_tokens, top_k_num, global_num_experts, expert_map, **kw):
-        if num_tokens > 1:
+        if num_tokens > 1 and _acts():
             return fused_moe.moe_align_block_size(
                 topk_ids,
                 config["BLOCK_SIZE_M"],
@@ -56,7 +76,7 @@ def _upstream_sorts_small_batches() -> bool:
 
 
 @REGISTRY.patch(
-    name="moe-group-tokens-by-expert",
+    name=PATCH_NAME,
     patch_file="0004-moe-group-tokens-by-expert.patch",  # patches/vllm-0.32.0/
     feature="moe_verify",
     target=f"{MODULE}:_prepare_expert_assignment",
@@ -71,3 +91,4 @@ def _apply(ctx: PatchContext) -> None:
 
     ctx.target()
     ctx.wrap(importlib.import_module(MODULE), "_prepare_expert_assignment", _wrap_prepare)
+    ctx.wrap(importlib.import_module(RUNNER).GPUModelRunner, "load_model", _wrap_load_model)

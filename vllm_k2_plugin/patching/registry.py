@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Iterator
 
+from ..log import get_logger
+from ..settings import SettingError
 from .patch import (
     Patch,
     PatchContext,
@@ -16,7 +17,9 @@ from .patch import (
 )
 from .versions import in_range, vllm_release, vllm_version_string
 
-logger = logging.getLogger("vllm_k2_plugin.patching")
+
+def logger():
+    return get_logger("patching")
 
 
 def _stem(patch_file: str) -> str:
@@ -85,7 +88,7 @@ class PatchRegistry:
         """
         unknown = sorted(disabled - set(self._patches))
         if unknown:
-            logger.warning("vllm-k2: VLLM_K2_DISABLE_PATCHES names unknown patches: %s", unknown)
+            logger().warning("vllm-k2: VLLM_K2_DISABLE_PATCHES names unknown patches: %s", unknown)
         failures = []
         for patch in self:
             if patch.state is not PatchState.PENDING:
@@ -121,17 +124,20 @@ class PatchRegistry:
                     patch.reason = f"patch file {patch.patch_file} is applied to this vLLM's sources"
                 else:
                     patch.reason = f"vLLM {raw} already has this ({patch.upstream})"
-                logger.info("vllm-k2: patch '%s' retired: %s", patch.name, patch.reason)
+                logger().info("vllm-k2: patch '%s' retired: %s", patch.name, patch.reason)
                 return
             patch.apply(ctx)
         except Exception as e:  # noqa: BLE001 - every failure is reported, by name
             undo(patch)  # never leave a half-applied patch behind
             msg = str(e) if isinstance(e, PatchError) else str(ctx.fail(f"{type(e).__name__}: {e}"))
             patch.state, patch.reason = PatchState.FAILED, msg
-            logger.warning("vllm-k2: %s; vLLM runs without it", msg)
+            if isinstance(e, SettingError):  # the user's own setting: an error, not a shrug
+                logger().error("vllm-k2: %s; fix the setting - vLLM runs without this patch until then", msg)
+            else:
+                logger().warning("vllm-k2: %s; vLLM runs without it", msg)
             return
         patch.state, patch.reason = PatchState.APPLIED, ""
-        logger.debug("vllm-k2: patch '%s' applied", patch.name)
+        logger().debug("vllm-k2: patch '%s' applied", patch.name)
 
     def revert_all(self) -> None:
         """Undo every applied patch and mark them pending again (tests use this)."""

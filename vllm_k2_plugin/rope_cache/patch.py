@@ -13,9 +13,12 @@ cache's memory (134 MB for K2.5's drafter). Modules whose class replaces ``forwa
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
+from ..platform import no_cuda
 
 MODULE = "vllm.model_executor.layers.rotary_embedding.base"
+PATCH_NAME = "rope-float32-cache"
 ATTR = "_vllm_k2_cos_sin_f32"
 SOURCE = "_vllm_k2_cos_sin_source"  # the cache the copy was made from: a replaced cache means stock again
 _HALF = ("torch.bfloat16", "torch.float16")
@@ -54,6 +57,7 @@ def _attach(module, base) -> None:
         or cache.device.type != "cuda"
         or getattr(module, "use_flashinfer", False)
         or type(module).forward_cuda is not base.forward_cuda
+        or not scope.acts(PATCH_NAME, None)  # built under the engine's current config
     ):
         return
     try:
@@ -101,9 +105,7 @@ def _wrap_forward_cuda(original):
 
 
 def _no_cuda() -> str | None:
-    import torch
-
-    return None if torch.cuda.is_available() else "no CUDA device (the CUDA rotary op is not used)"
+    return no_cuda("the CUDA rotary op is not used")
 
 
 def _upstream_hands_float_cache() -> bool:
@@ -130,13 +132,11 @@ def _upstream_hands_float_cache() -> bool:
 
 
 def logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.rope_cache")
+    return get_logger("rope_cache")
 
 
 @REGISTRY.patch(
-    name="rope-float32-cache",
+    name=PATCH_NAME,
     patch_file="0003-rope-float32-cache.patch",  # patches/vllm-0.32.0/
     feature="rope_cache",
     target=f"{MODULE}:RotaryEmbedding.forward_cuda",

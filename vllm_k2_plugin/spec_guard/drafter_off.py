@@ -12,7 +12,7 @@ too long for the drafter. Drafts stay verified, so outputs do not change.
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 from .patch import _no_dynamic_sd
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -22,6 +22,8 @@ def _skips_drafter(runner, scheduler_output, sampled_token_ids) -> bool:
     import torch
 
     if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
+        return False
+    if not scope.acts("spec-guard-drafter-off", getattr(runner, "vllm_config", None)):
         return False
     spec = runner.speculative_config
     if not spec.use_eagle() or spec.disable_padded_drafter_batch:

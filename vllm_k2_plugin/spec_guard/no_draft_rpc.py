@@ -11,7 +11,7 @@ lists for the step's requests without the round trip (the CPU engine served: the
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 from .drafter_off import _Recorder
 from .patch import ATTR, _no_dynamic_sd
 
@@ -23,7 +23,7 @@ def _drafts_of_k0_step(core) -> list[str] | None:
     on a proposer that honours the per-step k, else None (ask the worker as stock does)."""
     state = getattr(core.scheduler, ATTR, None)
     last = state.last_step if state is not None else None
-    if last is None or last[0] != 0:
+    if last is None or last[0] != 0 or not scope.acts("spec-guard-no-draft-rpc", getattr(core, "vllm_config", None)):
         return None
     if getattr(core, "batch_queue", None) is not None or core.async_scheduling:
         return None

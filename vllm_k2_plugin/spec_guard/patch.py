@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 
-from ..patching import REGISTRY, PatchContext
+from ..log import get_logger
+from ..patching import REGISTRY, PatchContext, scope
 from ..settings import ENV_SPEC_GUARD, spec_guard_enabled
 from .controller import SpecGuard
 
@@ -113,7 +114,7 @@ def _wrap_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         k = int(getattr(self, "num_spec_tokens", 0) or 0)
-        if k <= 0:
+        if k <= 0 or not scope.acts("spec-guard", self.vllm_config):
             return
         size = int(self.scheduler_config.max_num_seqs) + 1
         user = self.dynamic_sd_lookup
@@ -185,9 +186,7 @@ def _wrap_update(original):
 
 
 def logger():
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.k2_plugin.spec_guard")
+    return get_logger("spec_guard")
 
 
 @REGISTRY.patch(

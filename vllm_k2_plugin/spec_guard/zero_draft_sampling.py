@@ -12,7 +12,7 @@ path (their tensors are laid out by the rejection sampler).
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext
+from ..patching import REGISTRY, PatchContext, scope
 from .patch import _no_dynamic_sd
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -23,6 +23,7 @@ def _no_drafts(runner, spec_decode_metadata) -> bool:
         spec_decode_metadata is not None
         and spec_decode_metadata.max_spec_len == 0
         and runner.input_batch.sampling_metadata.max_num_logprobs is None
+        and scope.acts("spec-guard-zero-draft-sampling", getattr(runner, "vllm_config", None))
     )
 
 

@@ -102,9 +102,7 @@ def add_train_parser(sub) -> None:
     ts = t.add_subparsers(dest="train_command", required=True)
 
     p = ts.add_parser("prepare", help="chats -> token ids + assistant loss masks (optionally regenerated)")
-    p.add_argument(
-        "--target", "--model", dest="target", required=True, help="target model dir (tokenizer + chat template)"
-    )
+    p.add_argument("--target", required=True, help="target model dir (tokenizer + chat template)")
     p.add_argument("--data", nargs="+", required=True, help=".jsonl/.json chat files or saved `datasets` dirs")
     p.add_argument("--out", required=True)
     p.add_argument("--max-len", type=int, default=2048)
@@ -119,7 +117,7 @@ def add_train_parser(sub) -> None:
     from .config import parse_bytes
 
     x = ts.add_parser("extract", help="aux + final hidden states through vLLM into checksummed shards")
-    x.add_argument("--target", "--model", dest="target", required=True, help="target model dir")
+    x.add_argument("--target", required=True, help="target model dir")
     x.add_argument("--prepared", required=True, help="output dir of `prepare`")
     x.add_argument("--out", required=True)
     x.add_argument("--layers", help="aux layer ids, vLLM convention (default 2,N//2,N-3)")
@@ -136,7 +134,7 @@ def add_train_parser(sub) -> None:
     x.set_defaults(func=_extract)
 
     v = ts.add_parser("vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies")
-    v.add_argument("--target", "--model", dest="target", required=True, help="target model dir")
+    v.add_argument("--target", required=True, help="target model dir")
     v.add_argument("--prepared", required=True)
     v.add_argument("--out", required=True)
     v.add_argument("--size", type=int, default=32000)
@@ -146,8 +144,8 @@ def add_train_parser(sub) -> None:
 
     tr = ts.add_parser("train", help="train the draft (TTT); under torchrun: DDP")
     tr.add_argument("--target", required=True)
-    # `--data` is prepare's chat files; an `extract` output is `--extracted` (`--data` still accepted here)
-    tr.add_argument("--extracted", "--data", dest="extracted", required=True, help="output dir of `extract`")
+    # `--data` is prepare's chat files; an `extract` output is `--extracted`
+    tr.add_argument("--extracted", required=True, help="output dir of `extract`")
     tr.add_argument("--vocab", required=True, help="output dir of `vocab`")
     tr.add_argument("--out", required=True)
     for f in fields(TrainConfig):
@@ -174,7 +172,7 @@ def add_train_parser(sub) -> None:
     ev = ts.add_parser("eval", help="offline acceptance per position and tau(k), JSON + PNG")
     ev.add_argument("--draft", required=True, help="exported drafter")
     ev.add_argument("--target", required=True)
-    ev.add_argument("--extracted", "--data", dest="extracted", required=True,
+    ev.add_argument("--extracted", required=True,
                     help="`extract` output of held-out, target-generated chats")  # fmt: skip
     ev.add_argument("--out", required=True)
     ev.add_argument("--k-max", type=int, default=5)

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ except ModuleNotFoundError:  # Python 3.10 (setup.py installs tomli there)
     import tomli as tomllib
 
 from .. import fileio
+from ..procs import start_group, stop_group
 
 STAGES = ("prepare", "prepare_eval", "extract", "extract_eval", "vocab", "train", "export", "eval")
 
@@ -333,8 +333,8 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
     try:
         for name, cmd in (("extract", produce), ("train", consume)):
             log(f"[train] streaming: {name}: {' '.join(cmd)}")
-            # own process group: killing it stops torchrun's workers too
-            procs[name] = subprocess.Popen(cmd, start_new_session=True)
+            # own process group: stopping it stops torchrun's workers too
+            procs[name] = start_group(cmd)
         while True:
             codes = {n: p.poll() for n, p in procs.items()}
             failed = {n: rc for n, rc in codes.items() if rc not in (None, 0)}
@@ -348,20 +348,7 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
             time.sleep(poll)
     finally:
         for p in procs.values():
-            stop_group(p)
-
-
-def stop_group(p: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop a child started with start_new_session and whatever is left of its group (a dead
-    extractor's engine process): SIGTERM first, so torchrun stops its workers (they run in
-    groups of their own), then SIGKILL. Neither half needs a clean exit to resume."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        p.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+            stop_group(p)  # SIGTERM first: torchrun stops its workers; neither half needs a clean exit
 
 
 @contextlib.contextmanager
