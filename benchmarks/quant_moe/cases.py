@@ -14,8 +14,8 @@ EXPERTS, TOP_K, HIDDEN, INTERMEDIATE_TP8 = 384, 8, 7168, 256
 ROUTED_SCALING = 2.827
 TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
-#: The Q2_K_XL-style mix: the routed experts' types of the published Kimi-K2.5 UD-Q2_K_XL
-#: GGUF (source and the per-tensor list: benchmarks/quant_moe/q2_k_xl_types.md).
+#: The Q2_K_XL-style mix of the routed experts. No Kimi UD-Q2_K_XL type list is public; these are
+#: DeepSeek UD-Q2_K_XL's (sources: benchmarks/quant_moe/q2_k_xl_types.md).
 Q2_K_XL_EXPERTS = {"gate_up": "Q2_K", "down": "Q3_K"}
 
 CASES = [
