@@ -186,7 +186,8 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     applied = _cli("apply", "--vllm-root", str(patched_site / "vllm"))
     assert applied.returncode == 0, applied.stdout + applied.stderr
     patched_path = os.pathsep.join([str(patched_site), str(REPO)])
-    runtime = _probe(engine_env(**PCIE_OPT_IN))
+    # The probe builds no model, so the runtime twin's model gate has no config to ask: opt in.
+    runtime = _probe(engine_env(**PCIE_OPT_IN, VLLM_K2_ANY_MODEL="1"))
     files_only = _probe(engine_env(PYTHONPATH=patched_path, VLLM_K2_DISABLE_PATCHES=",".join(TWINS), **PCIE_OPT_IN))
     stock = _probe(engine_env(VLLM_K2_DISABLE="1", **PCIE_OPT_IN))
     assert files_only.pop("vllm_from").startswith(str(patched_site))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from ..patching import REGISTRY, PatchContext, scope
 
 MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
-RUNNER = "vllm.v1.worker.gpu_model_runner"
+#: vLLM's model runners (v1; Model Runner V2, the only one in 0.34): each present one is wrapped.
+RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 PATCH_NAME = "moe-group-tokens-by-expert"
 #: The model gate's answer for the model this process's runner loaded. The expert assignment
 #: runs in a forward, where vLLM holds no current config: the runner asks at load_model.
@@ -88,7 +89,11 @@ def _upstream_sorts_small_batches() -> bool:
 )
 def _apply(ctx: PatchContext) -> None:
     import importlib
+    import importlib.util
 
     ctx.target()
     ctx.wrap(importlib.import_module(MODULE), "_prepare_expert_assignment", _wrap_prepare)
-    ctx.wrap(importlib.import_module(RUNNER).GPUModelRunner, "load_model", _wrap_load_model)
+    for name in RUNNERS:
+        if importlib.util.find_spec(name) is None:
+            continue  # a runner this release does not have; without any, the gate asks vLLM's current config
+        ctx.wrap(importlib.import_module(name).GPUModelRunner, "load_model", _wrap_load_model)
