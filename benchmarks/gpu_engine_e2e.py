@@ -39,7 +39,8 @@ DEEP_LAYERS = 24  # slice24: 23 MoE layers x 4.2 GB of bf16 experts fit one H200
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
 STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
 CUDAGRAPH_LOG = (
-    "CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step", "EAGLE drafter attention"
+    "CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step", "EAGLE drafter attention",
+    "grouped GGUF MoE",
 )  # fmt: skip
 
 # --------------------------------------------------------------------------- models
@@ -714,6 +715,9 @@ GREEDY_PAIRS = [
     ("tiny-ours-graphs", "tiny-ours-ngram-k3"),
     ("tiny-stock-graphs", "tiny-ours-fault-smem"),
     ("gguf-dequantized-reference", "gguf-q4k-experts-kept"),
+    ("gguf-q4k-kept-stockmoe", "gguf-q4k-experts-kept"),
+    ("gguf-q4k-experts-kept", "gguf-q4k-kept-eagle3-k3"),
+    ("gguf-q4k-kept-stockmoe", "gguf-q4k-kept-stockmoe-eagle3-k3"),
 ]
 
 
@@ -947,8 +951,16 @@ def suite(name: str, models: Path) -> list[dict]:
         target = str(models / "target")
         kept = {"tokenizer": target, "hf_config_path": target,
                 "model_loader_extra_config": {"force_dequant": ["blk.*.attn_*"]}}  # fmt: skip
+        q4k = {**g, "model": str(models / "gguf" / "q4k.gguf"), "llm_kwargs": kept}
+        draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
+        # our grouped GGUF MoE forced on wherever its check passes (the tiny shapes may not pick it
+        # on speed), against vLLM's GGUF MoE (the patch off), plain and with the trained drafter
+        ours_moe, stock_moe = {"env": {"VLLM_K2_GGUF_MOE": "always"}}, {"disable": [GGUF_MOE]}
         return [
-            {**g, "name": "gguf-q4k-experts-kept", "model": str(models / "gguf" / "q4k.gguf"), "llm_kwargs": kept},
+            {**q4k, "name": "gguf-q4k-experts-kept", **ours_moe},
+            {**q4k, "name": "gguf-q4k-kept-stockmoe", **stock_moe},
+            {**q4k, "name": "gguf-q4k-kept-eagle3-k3", "spec": draft, **ours_moe},
+            {**q4k, "name": "gguf-q4k-kept-stockmoe-eagle3-k3", "spec": draft, **stock_moe},
             {**g, "name": "gguf-dequantized-reference", "model": str(models / "gguf" / "reference")},
         ]
     if name == "profile":  # where a step's time goes: 4k, ours, plain vs EAGLE-3 k=3
@@ -1241,6 +1253,8 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
 PREFILL_AS_DECODE = "draft-prefill-as-decode"
 #: TRITON_ATTN's split-KV grid widened to fill the GPU at small batches (patch draft-attention-segments).
 DRAFT_SEGMENTS = "draft-attention-segments"
+#: GGUF experts read once per touched expert at small batches (patch gguf-moe-grouped-small-batches).
+GGUF_MOE = "gguf-moe-grouped-small-batches"
 #: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
 MOE_SORTED = "moe-group-tokens-by-expert"
 ROPE_FLOAT32 = "rope-float32-cache"
@@ -1261,7 +1275,7 @@ NOSYNC_BOUND = "benchmarks.vllm016_gpu.async_spec_bound"
 
 #: Features whose patches change what the GPU runs: a "stock" case turns every one of their patches
 #: off (the model-support patches stay on: K2.5 needs them).
-GPU_FEATURES = ("mla", "draft_graph", "draft_attention", "moe_verify", "rope_cache", "async_spec", "comm")
+GPU_FEATURES = ("mla", "draft_graph", "draft_attention", "moe_verify", "gguf_moe", "rope_cache", "async_spec", "comm")
 
 
 def gpu_patches() -> list[str]:

@@ -28,6 +28,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.draft_attention.segments",
     "vllm_k2_plugin.draft_attention.tile",
     "vllm_k2_plugin.moe_verify.patch",
+    "vllm_k2_plugin.gguf_moe.patch",
     "vllm_k2_plugin.rope_cache.patch",
     "vllm_k2_plugin.comm.patch",
 )
@@ -35,8 +36,8 @@ FEATURE_PATCH_MODULES = (
 
 #: Features whose patches change what the GPU runs or how fast: they act only for the models they
 #: were measured on (patching/scope.py), every patched code path asks ``scope.acts``.
-MODEL_SCOPED_FEATURES = ("spec_guard", "mla", "draft_graph", "draft_attention", "moe_verify", "rope_cache",
-                         "async_spec", "comm")  # fmt: skip
+MODEL_SCOPED_FEATURES = ("spec_guard", "mla", "draft_graph", "draft_attention", "moe_verify", "gguf_moe",
+                         "rope_cache", "async_spec", "comm")  # fmt: skip
 
 
 def load_feature_patches(extra: tuple[str, ...] = ()) -> None:

@@ -38,6 +38,9 @@ ENV_GGUF_FORCE_DEQUANT = "VLLM_K2_GGUF_FORCE_DEQUANT"
 #: 1 = tensor-parallel all-reduce over > 2 PCIe GPUs may leave NCCL where measured faster
 #: (patch tp-pcie-oneshot-allreduce; off by default: not yet run on PCIe GPUs)
 ENV_PCIE_ALLREDUCE = "VLLM_K2_PCIE_ALLREDUCE"
+#: the grouped GGUF MoE path (patch gguf-moe-grouped-small-batches): "auto" (unset) = where its
+#: start-up check passed and it was measured faster; "always" = wherever the check passed
+ENV_GGUF_MOE = "VLLM_K2_GGUF_MOE"
 #: where the plugin keeps what it measured (e.g. the last all-reduce selection)
 ENV_CACHE = "VLLM_K2_CACHE"
 
@@ -95,6 +98,15 @@ def draft_graph_setting() -> str:
     """'on', 'off' or 'auto' from VLLM_K2_DRAFT_GRAPH (unset: auto)."""
     value = env_flag(ENV_DRAFT_GRAPH, default=None)
     return "auto" if value is None else "on" if value else "off"
+
+
+def gguf_moe_mode() -> str:
+    """'auto' or 'always' from VLLM_K2_GGUF_MOE (unset or empty: auto)."""
+    raw = os.environ.get(ENV_GGUF_MOE, "")
+    word = raw.strip().lower() or "auto"
+    if word not in ("auto", "always"):
+        raise SettingError(f"{ENV_GGUF_MOE}={raw!r}: expected auto or always, or unset")
+    return word
 
 
 @dataclass(frozen=True)
