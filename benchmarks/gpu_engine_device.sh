@@ -4,7 +4,7 @@
 # the steps named: pytest (GPU tests of the MLA kernel and backend, drafter attention) and e2e suites
 # (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py), dattn
 # (draft_attention_tile_probe.py), prefill (prefill_throughput.py), rope
-# (rope_cache_probe.py). Each suite's results come back as one tgz.
+# (rope_cache_probe.py), quantmoe (quant_moe/run.py). Each suite's results come back as one tgz.
 #   bash benchmarks/gpu_engine_device.sh pytest tiny:8 slice:2
 #   ONLY="case-name ..." bash benchmarks/gpu_engine_device.sh dgprof   (only those cases of the suites)
 #   ENGINE=vllm016 bash benchmarks/gpu_engine_device.sh v16tiny        (vLLM 0.16, route C: carry .gpub/big/so
@@ -52,6 +52,11 @@ for step in "$@"; do
       timeout $((left > 200 ? 200 : left)) python3 benchmarks/prefill_throughput.py --model .gpub/e2e/slice24 \
         --seq 2048 --batch 8 --out "$OUT/prefill_h200.json" > "$OUT/prefill.log" 2>&1
       grep -E '"(tokens_per_s|efficiency|achieved_tflops)"' "$OUT/prefill.log" || tail -5 "$OUT/prefill.log" ;;
+    quantmoe|quantmoe:*)  # vLLM's MoE kernels for quantized experts vs their floor, ours beside (QUANT_MOE_ARGS)
+      # shellcheck disable=SC2086
+      timeout $((left > 240 ? 240 : left)) python3 benchmarks/quant_moe/run.py --out "$OUT/quant_moe.json" \
+        --budget $((left > 240 ? 200 : left - 40)) ${QUANT_MOE_ARGS:-} > "$OUT/quant_moe.log" 2>&1
+      grep -E "^(device|TOTAL)|ERROR" "$OUT/quant_moe.log" | head -20 ;;
     rope)  # vLLM's CUDA rotary op with a bf16 vs float32 cos/sin cache (why rope-float32-cache exists)
       timeout $((left > 120 ? 120 : left)) python3 benchmarks/rope_cache_probe.py \
         --out "$OUT/rope_cache_probe.json" > "$OUT/rope.log" 2>&1

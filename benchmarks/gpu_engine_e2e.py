@@ -45,6 +45,26 @@ CUDAGRAPH_LOG = (
 
 # --------------------------------------------------------------------------- models
 
+#: The official Kimi-K2.5 checkpoint's expert format as its config states it: compressed-tensors
+#: INT4 weights, symmetric, group 32, bf16 activations (W4A16, vLLM runs it through Marlin MoE);
+#: attention, shared experts, dense MLPs and the head stay bf16.
+W4A16_EXPERTS = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group",
+                        "dynamic": False, "actorder": None, "observer": "minmax"},
+            "input_activations": None,
+            "output_activations": None,
+        }
+    },
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None,
+}  # fmt: skip
+
 
 def slice_config() -> dict:
     """K2.5's per-GPU share at TP 8 (64 heads / 8, experts' 2048 / 8, vocab 163,840 / 8)."""
@@ -150,6 +170,8 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
             k=3,
         ),
     )
+    # the same slice with W4A16 routed experts (the official checkpoint's format); same drafters
+    fileio.write_json(str(dest / "slice-w4a16" / "config.json"), {**cfg, "quantization_config": W4A16_EXPERTS})
     # half the layers: with the 12-layer slice, step time = fixed + per-layer x layers can be
     # fit and carried to K2.5's 61 (suite dgdepth)
     half = {**cfg, "num_hidden_layers": n // 2}
@@ -1011,6 +1033,7 @@ def suite(name: str, models: Path) -> list[dict]:
         "dg24",
         "dg24stock",
         "dg24tile",
+        "quant",
     ):  # the draft step as one graph (patch draft-step-graph) vs not
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         if name == "dgtiny":
@@ -1048,6 +1071,18 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**depth, "name": "dg-depth12-plain"},
                 {**depth, "name": "dg-depth12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
             ]  # fmt: skip
+        if name == "quant":  # bf16 vs W4A16 experts (12 layers), plain vs EAGLE-3 k=3, router spread over experts
+            q = {**base, "backend": "ours", "routing": "spread"}
+            own = {"spec": e3("slice-draft-tp8"), "draft_graph": True, "draft_head": "own"}
+            # one engine at a time (--parallel 1): the bf16 slice's ~50 GB of experts fill most of an H100
+            bf16 = {**q, "gpu_memory_utilization": 0.85}
+            w4a16 = {**q, "model": str(models / "slice-w4a16"), "gpu_memory_utilization": 0.85}
+            return [
+                {**w4a16, "name": "q12-w4a16-plain"},
+                {**w4a16, "name": "q12-w4a16-eagle3-k3", **own},
+                {**bf16, "name": "q12-bf16-plain"},
+                {**bf16, "name": "q12-bf16-eagle3-k3", **own},
+            ]
         if name == "dgmoe":  # patch moe-group-tokens-by-expert on and off, plain alongside
             return [
                 {**base, "name": "dg-moe-slice-ours-eagle3-k3", "backend": "ours", "spec": e3("slice-draft"),
@@ -1152,7 +1187,7 @@ def suite(name: str, models: Path) -> list[dict]:
     raise SystemExit(
         f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
         "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24, dg24stock, "
-        "v16tiny, v16deep, v16prof"
+        "v16tiny, v16deep, v16prof, quant"
     )
 
 

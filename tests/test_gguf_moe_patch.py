@@ -63,3 +63,21 @@ def test_setting_names_a_bad_value(monkeypatch):
     assert gguf_moe_mode() == "always"
     monkeypatch.delenv("VLLM_K2_GGUF_MOE")
     assert gguf_moe_mode() == "auto"
+
+
+def test_dispatcher_registers_as_a_torch_op_that_runs_vllms_function(monkeypatch):
+    """The op vLLM's GGUF MoE method will call: registered with vLLM's helper (its schema from
+    the dispatcher's signature) and, with no start-up choice made, running vLLM's own function."""
+    import torch
+    import vllm.model_executor.layers.quantization.gguf as g
+
+    from vllm_k2_plugin.gguf_moe import patch
+
+    calls = []
+    monkeypatch.setattr(g, "_fused_moe_gguf", lambda *a: calls.append(a[5:]) or a[0] * 2)
+    op = patch.register_op()
+    assert op is torch.ops.vllm.k2_fused_moe_gguf
+    x = torch.ones((2, 4), dtype=torch.bfloat16)
+    w = torch.zeros((3, 4, 1), dtype=torch.uint8)
+    out = op(x, w, w, torch.ones((2, 2)), torch.zeros((2, 2), dtype=torch.int32), 12, 8, "silu")
+    assert calls == [(12, 8, "silu")] and torch.equal(out, x * 2)

@@ -34,7 +34,8 @@ tar --exclude='*.so' --exclude='__pycache__' -X exclude.txt -cf - vllm vllm-0.20
 DEPS="annotated-types==0.8.0 apache-tvm-ffi==0.1.15.post2 cachetools==8.0.2 cbor2==6.3.0 distro==1.9.0 fastapi==0.128.0
   gguf==0.19.0 llguidance==1.3.0 msgspec==0.23.0 openai==2.54.0 openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7
   pybase64==1.5.1 pydantic==2.12.5 pydantic-core==2.41.5 pyzmq==27.3.0 setproctitle==1.3.8 sniffio==1.3.1
-  starlette==0.50.0 typing-extensions==4.15.0 typing-inspection==0.4.5 xgrammar==0.2.9"
+  starlette==0.50.0 typing-extensions==4.15.0 typing-inspection==0.4.5 xgrammar==0.2.9
+  compressed-tensors==0.15.0.1 loguru==0.7.3"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \

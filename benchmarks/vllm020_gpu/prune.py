@@ -24,6 +24,7 @@ KEEP = {
         "cuda_view",              # get_cuda_view_from_cpu_tensor
         "common",                 # scaled_fp8_quant family (fp8 KV cache)
         "gguf_kernel",            # ggml_* (vLLM's in-tree GGUF, used by the plugin)
+        "gptq_marlin_repack",     # W4A16 experts: compressed-tensors' int4 weights repacked for Marlin MoE at load
     },
     "_moe_C": {
         "moe_align_sum_kernels",  # moe_align_block_size, moe_sum: used by the Triton fused_moe path

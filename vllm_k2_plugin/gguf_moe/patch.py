@@ -61,6 +61,24 @@ def _dispatch_fake(x, w1, w2, topk_weights, topk_ids, qweight_type: int, qweight
     return torch.empty_like(x)
 
 
+def register_op():
+    """Our dispatcher as a torch custom op beside vLLM's (torch.compile sees an opaque call, as
+    with vLLM's own op), registered once per process with vLLM's helper."""
+    import torch
+
+    if not hasattr(torch.ops.vllm, OP_NAME):
+        # the op schema is read from real annotations (this module's are strings)
+        types = {"x": torch.Tensor, "w1": torch.Tensor, "w2": torch.Tensor, "topk_weights": torch.Tensor,
+                 "topk_ids": torch.Tensor, "qweight_type": int, "qweight_type2": int, "activation": str,
+                 "return": torch.Tensor}  # fmt: skip
+        _dispatch.__annotations__ = dict(types)
+        _dispatch_fake.__annotations__ = dict(types)
+        importlib.import_module(MODULE).direct_register_custom_op(
+            op_name=OP_NAME, op_func=_dispatch, fake_impl=_dispatch_fake
+        )
+    return getattr(torch.ops.vllm, OP_NAME)
+
+
 def choose_for_layer(layer) -> None:
     """Check and time once per expert layout (on the first layer of that layout)."""
     import torch
@@ -150,12 +168,8 @@ def _upstream_groups_small_batches() -> bool:
     remove_when="vLLM's GGUF MoE reads each touched expert once for small batches (the probe sees no per-pair kernel)",
 )
 def _apply(ctx: PatchContext) -> None:
-    import torch
-
     ctx.target()
     gguf_moe_mode()  # a bad VLLM_K2_GGUF_MOE fails the patch here, not the model load
     mod = importlib.import_module(MODULE)
-    if not hasattr(torch.ops.vllm, OP_NAME):
-        mod.direct_register_custom_op(op_name=OP_NAME, op_func=_dispatch, fake_impl=_dispatch_fake)
-    ctx.replace(mod, "fused_moe_gguf", getattr(torch.ops.vllm, OP_NAME))
+    ctx.replace(mod, "fused_moe_gguf", register_op())
     ctx.wrap(mod.GGUFMoEMethod, "process_weights_after_loading", _wrap_after_loading)
