@@ -148,11 +148,93 @@ def render(command: str) -> str:
     return "\n".join(L)
 
 
+# --------------------------------------------------------------------------- per weight format
+#: Kimi-K2.5: 61 layers, the first dense (config first_k_dense_replace = 1)
+MOE_LAYERS = 60
+#: the users' GGUF (README's example, issue 46): the routed experts of a Q2_K_XL GGUF
+USERS_FORMAT = "gguf-q2_k_xl"
+#: published on the users' hardware class (K2.6, INT4 experts, 8x RTX PRO 6000, vLLM of April 2026):
+#: best EAGLE-3 run, short context (source: shared/research/field-2026-12.md section 3.2)
+PUBLISHED_K26 = {"plain_tok_s": 86.9, "eagle3_tok_s": 117.1}
+DEFAULT_QUANT = RESULTS / "quant_moe" / "h100_vllm020_stock.json"
+
+
+def _slice_non_moe_ratio(moe_bf16_1_us: float) -> tuple[float, str]:
+    """t_spec / t_plain of the slice's step without its routed experts: the 24-layer bf16 slice of
+    call 6 (4k), whose dummy router sent a 4-token verify to 8.4 distinct experts (recorded in the
+    case), taken as 8.42 / 8 of one token's MoE time per layer (assumed), 23 MoE layers."""
+    raw = RESULTS / "draft_attention_tile_h200" / "raw" / "2026-12-04-call6"
+    load = lambda n: json.loads((raw / f"{n}.json").read_text())  # noqa: E731
+    plain, spec = load("dg24t-plain"), load("dg24t-eagle3-k3-ownhead")
+    experts = spec["experts_dummy_router"]["mean_distinct_experts"]
+    p_ms, s_ms = plain["contexts"]["4096"]["step_ms"], spec["contexts"]["4096"]["step_ms"]
+    moe1 = 23 * moe_bf16_1_us / 1000
+    ratio = (s_ms - moe1 * experts / 8) / (p_ms - moe1)
+    how = (f"({s_ms} - 23 x {moe_bf16_1_us:.1f} us x {experts:.2f}/8) / ({p_ms} - 23 x {moe_bf16_1_us:.1f} us): "
+           "slice steps on the H200 (vLLM 0.20, call 2026-12-04-call6, 4k), bf16 MoE time on the quant_moe device")
+    return ratio, how
+
+
+def quant_section(path: Path) -> list[str]:
+    """The rig's plain and EAGLE-3 k=3 steps per expert format: the users' step with their MoE time
+    replaced by each format's measured MoE kernel time at 1 and 1 + k tokens (vLLM's, and ours
+    where the run has it). MODELLED; the kernel times were measured on another GPU."""
+    data = json.loads(path.read_text())
+    rows = {c["case"]["name"]: {r["tokens"]: r for r in c.get("rows", [])} for c in data["cases"]}
+    k = int(v("k"))
+    step_ms = 1000 / v("plain_tok_s")
+    nccl_us = step_ms * v("ar_share") * 1000 / v("ar_per_token")
+    ar_plain = v("ar_per_token") * nccl_us / 1000
+    ar_spec = ar_plain + k * v("draft_ar_per_pass") * nccl_us / 1000  # NCCL flat to 64 KiB (published)
+    users = rows[USERS_FORMAT]
+    other_ms = step_ms - ar_plain - MOE_LAYERS * users[1]["us_per_call"] / 1000
+    r_other, how = _slice_non_moe_ratio(rows["bf16"][1]["us_per_call"])
+    taus = {"tau 3.28 (ours, tiny pair)": v("tau_k3"), "tau 2.94 (published K2.5 MLA drafter, MT-Bench)": 2.94}
+    L = ["", "## Per expert format (MODELLED from MoE kernels measured on another GPU)", "",
+         f"Kernel times: `{path.relative_to(RESULTS.parent.parent) if path.is_absolute() else path}` "
+         f"({data['device']}, vLLM {data['vllm']}, {data['date']}; K2.5's TP-8 expert shapes, a near-uniform "
+         "router). Not measured on the users' GPU: RTX PRO 6000 has more SMs (188 vs 132) and less memory "
+         "bandwidth (1.79 vs 3.35 TB/s spec sheets) than an H100, so a kernel at its memory floor there takes "
+         "longer and one far from it may not; the times are used as measured.", "",
+         "| input | value | source |", "|---|---|---|",
+         f"| MoE layers | {MOE_LAYERS} | K2.5 config: 61 layers, first_k_dense_replace 1 |",
+         f"| users' expert format | {USERS_FORMAT} | users' GGUF (README example; issue 46) |",
+         f"| users' MoE time per step | {MOE_LAYERS} x {users[1]['us_per_call']:.1f} us = "
+         f"{MOE_LAYERS * users[1]['us_per_call'] / 1000:.2f} ms | vLLM's GGUF MoE at 1 token, measured above |",
+         f"| the rest of the step (not MoE, not all-reduce) | {other_ms:.2f} ms | users' step - all-reduce - MoE |",
+         f"| EAGLE-3 / plain for that rest | {r_other:.3f} x | {how} |",
+         f"| all-reduce per step | plain {ar_plain:.2f} ms, EAGLE-3 {ar_spec:.2f} ms | users' NCCL (above); "
+         "verify messages assumed as fast (NCCL flat to 64 KiB, published) plus the drafter's passes |",
+         "", "| expert format | MoE path | MoE us at 1 / 4 tokens (per layer) | plain ms | plain tok/s | EAGLE-3 ms "
+         + "".join(f"| EAGLE-3 tok/s, {t} " for t in taus) + "|",
+         "|---|---|---|---|---|---|" + "---|" * len(taus)]  # fmt: skip
+    for name, by_t in rows.items():
+        if 1 not in by_t or 1 + k not in by_t:
+            continue
+        paths = [("vLLM's kernel", "us_per_call")] + ([("ours", "ours_us_per_call")]
+                                                      if by_t[1].get("ours_us_per_call") else [])  # fmt: skip
+        for label, key in paths:
+            m1, m4 = by_t[1][key], by_t[1 + k][key]
+            plain = other_ms + MOE_LAYERS * m1 / 1000 + ar_plain
+            spec = other_ms * r_other + MOE_LAYERS * m4 / 1000 + ar_spec
+            L.append(f"| {name} | {label} | {m1:.1f} / {m4:.1f} | {plain:.2f} | {1000 / plain:.0f} | {spec:.2f} "
+                     + "".join(f"| {t * 1000 / spec:.0f} " for t in taus.values()) + "|")  # fmt: skip
+    L += ["", f"Published beside it (K2.6, INT4 experts through Marlin, 8x RTX PRO 6000, a vLLM of April 2026): plain "
+          f"{PUBLISHED_K26['plain_tok_s']} tok/s, best EAGLE-3 {PUBLISHED_K26['eagle3_tok_s']} tok/s. What differs "
+          "from the w4a16-g32 rows: their all-reduce and non-MoE time (unknown: not published per part), their "
+          "drafter's acceptance (unknown), their Marlin MoE on sm_120 (not measured here). The model's rows take "
+          "the users' GGUF rig as the base, so they are not a prediction of that published rig.", ""]  # fmt: skip
+    return L
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--quant-moe", type=Path, default=DEFAULT_QUANT,
+                    help="benchmarks/quant_moe/run.py's JSON: MoE kernel times per expert format")  # fmt: skip
     a = ap.parse_args()
     text = render(" ".join(["python3", "benchmarks/pcie_allreduce_model.py", *sys.argv[1:]]))
+    text += "\n".join(quant_section(a.quant_moe.resolve()))
     print(text)
     if a.out:
         from vllm_k2_plugin.fileio import write_text
