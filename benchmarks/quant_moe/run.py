@@ -8,6 +8,10 @@ states, captured in one CUDA graph and replayed; time per call = replay time / c
 bytes of the distinct experts the call must read (gate+up and down, scales included) over the
 device-to-device copy bandwidth measured in the same run. Also: distinct experts per call against
 a uniform router's expectation, and per-kernel device time (torch.profiler, eager calls).
+gguf cases also run our grouped kernel (vllm_k2_plugin.gguf_moe: each touched expert read once) over
+the same routed calls, timed the same way (`ours_*` keys), and its output against vLLM's
+`_fused_moe_gguf` on the same inputs (`ours_max_abs_diff`, `ours_rel_diff`); an error of ours is
+recorded in the row (`ours_error`) and the run goes on.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, BENCHMARKS)
+sys.path.insert(0, os.path.dirname(BENCHMARKS))  # the repository: our kernel without an install
 from quant_moe import cases as C  # noqa: E402
 from quant_moe import weights as W  # noqa: E402
+from vllm_k2_plugin.gguf_moe import blocks as B  # noqa: E402
 
 
 def copy_bandwidth(dev) -> float:
@@ -67,8 +74,8 @@ class MoE:
             self.workspace = marlin_make_workspace_new(dev, 4)
         else:
             t13, t2 = case["gate_up"], case["down"]
-            self.types = (W.gguf_type_id(t13), W.gguf_type_id(t2))
-            self.w = [(W.gguf_blocks(e, 2 * i, h, t13, dev, gen), W.gguf_blocks(e, h, i, t2, dev, gen))
+            self.types = (B.type_id(t13), B.type_id(t2))
+            self.w = [(B.random_blocks(e, 2 * i, h, t13, dev, gen), B.random_blocks(e, h, i, t2, dev, gen))
                       for _ in range(layers)]
             self.expert_bytes = self.w[0][0][0].numel() + self.w[0][1][0].numel()
 
@@ -92,12 +99,26 @@ class MoE:
         w1, w2 = self.w[layer]
         return _fused_moe_gguf(x, w1, w2, topk_w, topk_ids, self.types[0], self.types[1], "silu")
 
+    def ours(self, layer: int, x, topk_w, topk_ids, **launch):
+        """Our grouped kernel on the same weights (gguf cases only)."""
+        from vllm_k2_plugin.gguf_moe.ops import fused_moe_gguf_grouped
 
-def measure(moe: MoE, router: W.Router, tokens: int, calls: int, replays: int, dev, gen) -> dict:
+        w1, w2 = self.w[layer]
+        return fused_moe_gguf_grouped(x, w1, w2, topk_w, topk_ids, self.types[0], self.types[1], **launch)
+
+
+def make_plan(layers: int, router: W.Router, tokens: int, calls: int, dev, gen):
+    """`calls` routed calls (layer, x, topk weights, topk ids) and each one's distinct experts."""
     xs = [torch.randn((tokens, C.HIDDEN), device=dev, generator=gen).to(torch.bfloat16) for _ in range(calls)]
     routes = [router.route(x) for x in xs]
     distinct = [int(torch.unique(ids).numel()) for _, ids in routes]
-    plan = [(c % moe.layers, xs[c], *routes[c]) for c in range(calls)]
+    return [(c % layers, xs[c], *routes[c]) for c in range(calls)], distinct
+
+
+def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, replays: int,
+            expert_bytes: int) -> dict:
+    """Time `moe` (any callable taking a plan entry) over the plan: profile, then CUDA graph replays."""
+    calls = len(plan)
     for args in plan[:2]:
         moe(*args)
     torch.cuda.synchronize()
@@ -144,9 +165,32 @@ def measure(moe: MoE, router: W.Router, tokens: int, calls: int, replays: int, d
         "distinct_experts_mean": statistics.mean(distinct),
         "distinct_experts_uniform": router.expected_distinct(tokens),
         "pairs": tokens * C.TOP_K,
-        "bytes_distinct_mean": statistics.mean(distinct) * moe.expert_bytes,
+        "bytes_distinct_mean": statistics.mean(distinct) * expert_bytes,
         "kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
     }
+
+
+def measure_ours(moe: MoE, plan: list, distinct: list, router: W.Router, tokens: int, a) -> dict:
+    """Our kernel over the same plan, timed as vLLM's was, and its output against vLLM's on every
+    call of the plan. `ours_`-prefixed keys; an exception is recorded, not raised."""
+    launch = {"block_n1": a.ours_block_n1, "block_n2": a.ours_block_n2,
+              "num_warps1": a.ours_warps1, "num_warps2": a.ours_warps2}
+    try:
+        worst, rel = 0.0, 0.0
+        for args in plan:
+            want = moe(*args).float()
+            got = moe.ours(*args, **launch).float()
+            worst = max(worst, float((got - want).abs().max()))
+            rel = max(rel, float((got - want).norm() / want.norm().clamp_min(1e-30)))
+        r = measure(lambda *args: moe.ours(*args, **launch), plan, distinct, router, tokens, a.replays,
+                    moe.expert_bytes)
+    except Exception as e:  # our kernel failing on one type must not lose the run
+        traceback.print_exc()
+        torch.cuda.synchronize()
+        return {"ours_error": f"{type(e).__name__}: {e}", "ours_launch": launch}
+    return {"ours_us_per_call": r["us_per_call"], "ours_us_spread": r["us_spread"],
+            "ours_kernels_us": r["kernels_us"], "ours_max_abs_diff": worst, "ours_rel_diff": rel,
+            "ours_launch": launch}
 
 
 def main() -> int:
@@ -158,6 +202,11 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; cases not started by then are skipped")
+    ap.add_argument("--no-ours", action="store_true", help="gguf cases: vLLM's kernel only")
+    ap.add_argument("--ours-block-n1", type=int, default=32, help="our kernel: gate/up rows per program")
+    ap.add_argument("--ours-block-n2", type=int, default=64, help="our kernel: down rows per program")
+    ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
+    ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")
     a = ap.parse_args()
     from vllm.platforms import current_platform
 
@@ -196,13 +245,22 @@ def main() -> int:
             moe = MoE(c, a.layers, dev, gen)
             row["expert_bytes"] = moe.expert_bytes
             for t in tokens:
-                r = measure(moe, router, t, a.calls, a.replays, dev, gen)
+                plan, distinct = make_plan(moe.layers, router, t, a.calls, dev, gen)
+                r = measure(moe, plan, distinct, router, t, a.replays, moe.expert_bytes)
                 r["floor_us"] = r["bytes_distinct_mean"] / bw * 1e6
                 r["over_floor"] = r["us_per_call"] / r["floor_us"]
                 row["rows"].append(r)
                 print(f"{name:14s} T={t:2d} {r['us_per_call']:8.1f} us  floor {r['floor_us']:7.1f} us  "
                       f"x{r['over_floor']:.2f}  experts {r['distinct_experts_mean']:.1f} "
                       f"(uniform {r['distinct_experts_uniform']:.1f})", flush=True)
+                if c["kind"] == "gguf" and not a.no_ours:
+                    r.update(measure_ours(moe, plan, distinct, router, t, a))
+                    if "ours_error" in r:
+                        print(f"{name:14s} T={t:2d} ours: ERROR {r['ours_error'][:200]}", flush=True)
+                    else:
+                        print(f"{name:14s} T={t:2d} ours {r['ours_us_per_call']:8.1f} us  "
+                              f"x{r['ours_us_per_call'] / r['floor_us']:.2f} floor  "
+                              f"max|diff| {r['ours_max_abs_diff']:.3g} (rel {r['ours_rel_diff']:.3g})", flush=True)
             del moe
         except Exception as e:  # one broken case must not lose the others
             row["error"] = f"{type(e).__name__}: {e}"

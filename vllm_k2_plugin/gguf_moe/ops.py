@@ -1,0 +1,163 @@
+"""fused_moe_gguf_grouped: vLLM's `_fused_moe_gguf` (SiLU) for small batches, each touched
+expert's weights read once for all the tokens routed to it.
+
+Semantics: out[t] = sum over slots j of topk_weights[t, j] * w2[e] @ (SiLU(gate) * up), with
+gate, up = halves of w1[e] @ x[t], e = topk_ids[t, j]. The SiLU-and-mul output is rounded to the
+activation dtype between the projections as vLLM's is; everything else accumulates in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+from . import blocks
+
+#: the ggml types vLLM's GGUF MoE accepts that this kernel runs. Q8_1 is not one of them: it is
+#: ggml's activation format (no weight file stores it), gguf-py has no dequantizer for it and its
+#: GGML_QUANT_SIZES entry (40 bytes) is not ggml's 36-byte block.
+SUPPORTED = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+)
+#: (T * top_k) pairs one call may route: each program scans the sorted pair list in registers
+MAX_PAIRS = 4096
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_type(qtype, arg: str) -> tuple[int, str]:
+    try:
+        name = blocks.type_name(qtype)
+    except ValueError as e:
+        raise ValueError(f"{arg}: {e}") from None
+    if name not in SUPPORTED:
+        raise ValueError(f"{arg}: ggml type {name} ({qtype}) has no grouped GGUF MoE kernel; "
+                         f"supported: {', '.join(SUPPORTED)}")
+    return blocks.type_id(name), name
+
+
+@functools.cache
+def type_tables(name: str, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grid fp32, sign bytes uint8, non-linear values fp32) of an i-quant, from gguf-py's own
+    tables; a 1-element placeholder where the type has none."""
+    from gguf import quants
+
+    none = torch.zeros(1, dtype=torch.float32, device=device)
+    cls = getattr(quants, name)
+    grid = none
+    if getattr(cls, "grid_hex", None) is not None:
+        cls.init_grid()
+        grid = torch.from_numpy(cls.grid.reshape(-1).copy()).to(device=device, dtype=torch.float32)
+    signs = torch.zeros(1, dtype=torch.uint8, device=device)
+    if name in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS"):
+        signs = torch.frombuffer(bytearray(quants.IQ2_XXS.ksigns), dtype=torch.uint8).to(device)
+    kvalues = none
+    if name in ("IQ4_NL", "IQ4_XS"):
+        kvalues = torch.tensor(quants.IQ4_NL.kvalues, dtype=torch.float32, device=device)
+    return grid, signs, kvalues
+
+
+def _geometry(type_id: int, name: str, cols: int, arg: str, what: str) -> dict:
+    from .kernel import GROUPS
+
+    qk, nbytes = blocks.block_shape(name)
+    if cols % qk:
+        raise ValueError(f"{arg}: {what} of {cols} weights is not a whole number of {name}'s {qk}-weight blocks")
+    groups, size, has_min = GROUPS[type_id]
+    per_256 = 256 // qk  # 32-weight types take 8 blocks a step where the row allows it
+    return {
+        "TYPE": type_id, "QK": qk, "BYTES": nbytes, "GROUPS": groups, "S": size, "HAS_MIN": has_min,
+        "STEP": per_256 if (cols // qk) % per_256 == 0 else 1,
+    }
+
+
+def fused_moe_gguf_grouped(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    qtype1: int | str,
+    qtype2: int | str,
+    *,
+    block_n1: int = 32,
+    block_n2: int = 64,
+    block_m: int = 16,
+    num_warps1: int = 4,
+    num_warps2: int = 4,
+) -> torch.Tensor:
+    """[T, H] in x's dtype. x [T, H] bf16/fp16; w1 [E, 2N, bytes] uint8 (gate rows then up rows);
+    w2 [E, H, bytes] uint8; topk_weights / topk_ids [T, top_k]; qtype1 / qtype2 the ggml types of
+    w1 / w2 (ids or names). block_n*: output rows per program of each projection; block_m: tokens
+    per expert a program takes at once (more make another pass over the expert)."""
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"x: want [tokens, hidden] bf16 or fp16, got {tuple(x.shape)} {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError("x: the hidden dimension must be contiguous")
+    t, hidden = x.shape
+    for arg, w in (("w1", w1), ("w2", w2)):
+        if w.dim() != 3 or w.dtype != torch.uint8:
+            raise ValueError(f"{arg}: want [experts, rows, bytes] uint8 ggml blocks, got {tuple(w.shape)} {w.dtype}")
+        if w.stride(2) != 1:
+            raise ValueError(f"{arg}: each row's bytes must be contiguous")
+        if w.device != x.device:
+            raise ValueError(f"{arg}: on {w.device}, x on {x.device}")
+    id1, name1 = _check_type(qtype1, "qtype1")
+    id2, name2 = _check_type(qtype2, "qtype2")
+    experts, two_n, _ = w1.shape
+    if two_n % 2:
+        raise ValueError(f"w1: {two_n} rows is not gate + up of equal size")
+    n = two_n // 2
+    g1 = _geometry(id1, name1, hidden, "w1", "a row (x's hidden size)")
+    g2 = _geometry(id2, name2, n, "w2", "a row (w1's intermediate size)")
+    if w1.shape[2] != hidden // g1["QK"] * g1["BYTES"]:
+        raise ValueError(f"w1: {w1.shape[2]} bytes per row, {name1} rows of {hidden} weights take "
+                         f"{hidden // g1['QK'] * g1['BYTES']}")
+    if w2.shape[0] != experts or w2.shape[1] != hidden:
+        raise ValueError(f"w2: want [{experts}, {hidden}, bytes], got {tuple(w2.shape)}")
+    if w2.shape[2] != n // g2["QK"] * g2["BYTES"]:
+        raise ValueError(f"w2: {w2.shape[2]} bytes per row, {name2} rows of {n} weights take "
+                         f"{n // g2['QK'] * g2['BYTES']}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids: want [{t}, top_k] int32/int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights: want float {tuple(topk_ids.shape)}, got "
+                         f"{tuple(topk_weights.shape)} {topk_weights.dtype}")
+    top_k = topk_ids.shape[1]
+    pairs = t * top_k
+    if pairs > MAX_PAIRS:
+        raise ValueError(f"topk_ids: {t} tokens x top {top_k} = {pairs} pairs, this kernel takes at most "
+                         f"{MAX_PAIRS} (it is for decode / verify batches)")
+    if pairs == 0:
+        return torch.zeros_like(x)
+    from .kernel import down_kernel, gate_up_kernel
+
+    # pairs sorted by expert (stable: a token's pairs keep their order); no host sync, so a CUDA
+    # graph can hold the call
+    sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
+    weights = topk_weights.reshape(-1).contiguous()
+    act = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)
+    p_pad = max(16, triton.next_power_of_2(pairs))
+    dot_f32 = interpreting()  # the interpreter's bf16 dot is wrong (Triton 3.6): widen there only
+    dev = str(x.device)
+    gate_up_kernel[(pairs, triton.cdiv(n, block_n1))](
+        x, w1, sorted_ids, order, act, *type_tables(name1, dev),
+        pairs, n, hidden, x.stride(0), w1.stride(0), w1.stride(1),
+        TOP_K=top_k, P_PAD=p_pad, **g1, BLOCK_N=block_n1, BLOCK_M=block_m, DOT_F32=dot_f32,
+        num_warps=num_warps1,
+    )
+    down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
+        act, w2, sorted_ids, order, weights, y, *type_tables(name2, dev),
+        pairs, hidden, n, w2.stride(0), w2.stride(1),
+        P_PAD=p_pad, **g2, BLOCK_N=block_n2, BLOCK_M=block_m, DOT_F32=dot_f32,
+        num_warps=num_warps2,
+    )
+    return y.view(t, top_k, hidden).sum(dim=1).to(x.dtype)
