@@ -255,3 +255,29 @@ def test_retired_where_gguf_left_vllm():
     states = {p["name"]: p for p in json.loads(out.stdout)}
     for name in ("gguf-deepseek-force-dequant", "gguf-skip-speculators-probe"):
         assert states[name]["state"] == "retired-upstream", states[name]
+
+
+@pytest.mark.vllm016
+def test_a_drafter_checkpoint_beside_a_gguf_target_loads_as_safetensors(tmp_path):
+    """vLLM builds an EAGLE-3 drafter with its GGUF target's load config: the drafter's folder
+    (no GGUF file) must go to vLLM's default loader without the GGUF options (on the GPU a
+    force_dequant target with a drafter failed its start: "force_dequant is implemented for
+    deepseek2-architecture GGUFs only")."""
+    from types import SimpleNamespace
+
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from vllm_k2_plugin.gguf.k2p_gguf_loader import K2GGUFModelLoader
+
+    ours = K2GGUFModelLoader(LoadConfig(load_format="gguf", model_loader_extra_config={"force_dequant": ["*"]}))
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.safetensors").write_bytes(b"")
+    plain = ours.loader_for(SimpleNamespace(model=str(drafter)))
+    assert type(plain) is DefaultModelLoader
+    assert plain.load_config.load_format == "auto" and not plain.load_config.model_loader_extra_config
+    assert ours.loader_for(SimpleNamespace(model=str(tmp_path / "target.gguf"))) is ours
+    (tmp_path / "sharded").mkdir()
+    (tmp_path / "sharded" / "m-00001-of-00002.gguf").write_bytes(b"")
+    assert ours.loader_for(SimpleNamespace(model=str(tmp_path / "sharded"))) is ours
