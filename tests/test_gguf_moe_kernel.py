@@ -83,8 +83,10 @@ def run_case(i: int) -> str:
     name, t1, t2, tokens, top_k = CASES[i]
     hidden = 96 * 32 // 8 if name.endswith("h96") else HIDDEN  # 384 weights: 12 blocks, not 8 per step
     x, w1, w2, weights, ids = make_case(t1, t2, tokens, top_k, hidden, seed=i + 1)
-    # wide row tiles (gate/up: 4 tiles, down: 2): fewer interpreted programs, still several per expert
-    got = fused_moe_gguf_grouped(x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256)
+    # wide row tiles (gate/up: 4 tiles, down: 2): fewer interpreted programs, still several per expert;
+    # the gate/up rows split over K (fp32 partials summed after) in every other case, whole in the rest
+    got = fused_moe_gguf_grouped(x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256,
+                                 ksplit1=1 if i % 2 else 8)
     ref = reference(x, w1, w2, weights, ids, t1, t2)
     if got.shape != ref.shape or got.dtype != x.dtype:
         return f"FAIL shape/dtype {tuple(got.shape)} {got.dtype}"

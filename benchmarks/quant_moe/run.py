@@ -173,7 +173,7 @@ def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, repl
 def measure_ours(moe: MoE, plan: list, distinct: list, router: W.Router, tokens: int, a) -> dict:
     """Our kernel over the same plan, timed as vLLM's was, and its output against vLLM's on every
     call of the plan. `ours_`-prefixed keys; an exception is recorded, not raised."""
-    launch = {"block_n1": a.ours_block_n1, "block_n2": a.ours_block_n2,
+    launch = {"block_n1": a.ours_block_n1, "ksplit1": a.ours_ksplit1, "block_n2": a.ours_block_n2,
               "num_warps1": a.ours_warps1, "num_warps2": a.ours_warps2}
     try:
         worst, rel = 0.0, 0.0
@@ -204,6 +204,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; cases not started by then are skipped")
     ap.add_argument("--no-ours", action="store_true", help="gguf cases: vLLM's kernel only")
     ap.add_argument("--ours-block-n1", type=int, default=32, help="our kernel: gate/up rows per program")
+    ap.add_argument("--ours-ksplit1", type=int, default=8, help="our kernel: programs sharing a gate/up row")
     ap.add_argument("--ours-block-n2", type=int, default=64, help="our kernel: down rows per program")
     ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
     ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")

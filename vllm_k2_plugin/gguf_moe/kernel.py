@@ -321,17 +321,18 @@ def _group_dot(acc, TYPE: tl.constexpr, blk, g: tl.constexpr, S: tl.constexpr, H
 
 
 @triton.jit
-def _expert_dot(rows_a, rows_b, x_rows, m_ok, n_blocks, TYPE: tl.constexpr, QK: tl.constexpr,
+def _expert_dot(rows_a, rows_b, x_rows, m_ok, kb_start, kb_end, TYPE: tl.constexpr, QK: tl.constexpr,
                 BYTES: tl.constexpr, GROUPS: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
                 STEP: tl.constexpr, DUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                 DOT_F32: tl.constexpr, grid, signs, kvalues):
     """[BLOCK_N, BLOCK_M] fp32 products of the weight rows at `rows_a` (and `rows_b` when DUAL:
-    gate and up share each activation load) with the activation rows at `x_rows` ([1, BLOCK_M])."""
+    gate and up share each activation load) with the activation rows at `x_rows` ([1, BLOCK_M]),
+    over the row's block steps [kb_start, kb_end) (a step = STEP ggml blocks)."""
     dot_ty: tl.constexpr = tl.float32 if DOT_F32 else x_rows.dtype.element_ty
     acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_in = tl.arange(0, S)[:, None]
-    for kb in range(0, n_blocks // STEP):
+    for kb in range(kb_start, kb_end):
         for s in tl.static_range(STEP):
             nb = kb * STEP + s
             for g in tl.static_range(GROUPS):
@@ -365,8 +366,12 @@ def gate_up_kernel(x, w, sorted_ids, order, act, grid, signs, kvalues,
                    P, N, K, stride_x, stride_we, stride_wn,
                    TOP_K: tl.constexpr, P_PAD: tl.constexpr, TYPE: tl.constexpr, QK: tl.constexpr,
                    BYTES: tl.constexpr, GROUPS: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
-                   STEP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
-    """act[pair, n] = SiLU(gate) * up for rows n of this program's tile, every pair of its expert.
+                   STEP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr,
+                   KSPLIT: tl.constexpr):
+    """KSPLIT == 1: act[pair, n] = SiLU(gate) * up for rows n of this program's tile, every pair of
+    its expert. KSPLIT > 1: program_id(2) takes its share of the row's blocks and writes fp32 partial
+    gate and up rows to act[split, pair, 0:2N] (summed and activated afterwards): a few experts x
+    long rows would otherwise leave most of the GPU idle at one token.
     w: [E, 2N, bytes] with the gate rows first (vLLM's fused w13)."""
     start, count = _expert_tile(sorted_ids, tl.program_id(0), P, P_PAD)
     if count > 0:
@@ -374,17 +379,26 @@ def gate_up_kernel(x, w, sorted_ids, order, act, grid, signs, kvalues,
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_in = tl.minimum(rows, N - 1).to(tl.int64)[:, None]  # clamped: loads need no mask
         base = w + expert * stride_we
+        steps = K // QK // STEP
+        per_split = tl.cdiv(steps, KSPLIT)
+        kb_start = tl.program_id(2) * per_split
+        kb_end = tl.minimum(kb_start + per_split, steps)
         for m0 in range(0, count, BLOCK_M):  # more than BLOCK_M tokens on one expert: another pass
             m = m0 + tl.arange(0, BLOCK_M)
             m_ok = m < count
             pair = tl.load(order + start + m, mask=m_ok, other=0).to(tl.int64)
             x_rows = x + (pair // TOP_K)[None, :] * stride_x
             gate, up = _expert_dot(base + rows_in * stride_wn, base + (rows_in + N) * stride_wn, x_rows,
-                                   m_ok[None, :], K // QK, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP, True,
-                                   BLOCK_N, BLOCK_M, DOT_F32, grid, signs, kvalues)
-            h = gate * tl.sigmoid(gate) * up
-            tl.store(act + pair[None, :] * N + rows[:, None], h.to(act.dtype.element_ty),
-                     mask=(rows < N)[:, None] & m_ok[None, :])
+                                   m_ok[None, :], kb_start, kb_end, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP,
+                                   True, BLOCK_N, BLOCK_M, DOT_F32, grid, signs, kvalues)
+            mask = (rows < N)[:, None] & m_ok[None, :]
+            if KSPLIT == 1:
+                h = gate * tl.sigmoid(gate) * up
+                tl.store(act + pair[None, :] * N + rows[:, None], h.to(act.dtype.element_ty), mask=mask)
+            else:
+                part = act + (tl.program_id(2) * P + pair[None, :]) * (2 * N) + rows[:, None]
+                tl.store(part, gate, mask=mask)
+                tl.store(part + N, up, mask=mask)
 
 
 @triton.jit
@@ -405,7 +419,7 @@ def down_kernel(act, w, sorted_ids, order, topk_weights, y, grid, signs, kvalues
             m_ok = m < count
             pair = tl.load(order + start + m, mask=m_ok, other=0).to(tl.int64)
             out, _ = _expert_dot(base + rows_in * stride_wn, base, act + pair[None, :] * N, m_ok[None, :],
-                                 N // QK, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP, False,
+                                 0, N // QK // STEP, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP, False,
                                  BLOCK_N, BLOCK_M, DOT_F32, grid, signs, kvalues)
             scale = tl.load(topk_weights + pair, mask=m_ok, other=0.0).to(tl.float32)
             tl.store(y + pair[None, :] * H + rows[:, None], out * scale[None, :],

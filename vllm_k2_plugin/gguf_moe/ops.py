@@ -88,6 +88,7 @@ def fused_moe_gguf_grouped(
     qtype2: int | str,
     *,
     block_n1: int = 32,
+    ksplit1: int = 8,
     block_n2: int = 64,
     block_m: int = 16,
     num_warps1: int = 4,
@@ -95,8 +96,10 @@ def fused_moe_gguf_grouped(
 ) -> torch.Tensor:
     """[T, H] in x's dtype. x [T, H] bf16/fp16; w1 [E, 2N, bytes] uint8 (gate rows then up rows);
     w2 [E, H, bytes] uint8; topk_weights / topk_ids [T, top_k]; qtype1 / qtype2 the ggml types of
-    w1 / w2 (ids or names). block_n*: output rows per program of each projection; block_m: tokens
-    per expert a program takes at once (more make another pass over the expert)."""
+    w1 / w2 (ids or names). block_n*: output rows per program of each projection; ksplit1: programs
+    sharing one gate/up row's blocks (at most; fp32 partials summed after: at one token 8 experts x
+    16 row tiles alone leave most of a GPU idle); block_m: tokens per expert a program takes at
+    once (more make another pass over the expert)."""
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"x: want [tokens, hidden] bf16 or fp16, got {tuple(x.shape)} {x.dtype}")
     if x.stride(1) != 1:
@@ -143,17 +146,26 @@ def fused_moe_gguf_grouped(
     # graph can hold the call
     sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
     weights = topk_weights.reshape(-1).contiguous()
-    act = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
+    steps = hidden // g1["QK"] // g1["STEP"]
+    ksplit = max(1, min(ksplit1, steps))
+    ksplit = triton.cdiv(steps, triton.cdiv(steps, ksplit))  # no split left without blocks
+    if ksplit > 1:  # fp32 partial gate/up rows per split, summed below (deterministic: no atomics)
+        act = torch.empty((ksplit, pairs, two_n), dtype=torch.float32, device=x.device)
+    else:
+        act = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
     y = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)
     p_pad = max(16, triton.next_power_of_2(pairs))
     dot_f32 = interpreting()  # the interpreter's bf16 dot is wrong (Triton 3.6): widen there only
     dev = str(x.device)
-    gate_up_kernel[(pairs, triton.cdiv(n, block_n1))](
+    gate_up_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
         x, w1, sorted_ids, order, act, *type_tables(name1, dev),
         pairs, n, hidden, x.stride(0), w1.stride(0), w1.stride(1),
-        TOP_K=top_k, P_PAD=p_pad, **g1, BLOCK_N=block_n1, BLOCK_M=block_m, DOT_F32=dot_f32,
+        TOP_K=top_k, P_PAD=p_pad, **g1, BLOCK_N=block_n1, BLOCK_M=block_m, DOT_F32=dot_f32, KSPLIT=ksplit,
         num_warps=num_warps1,
     )
+    if ksplit > 1:
+        gate_up = act.sum(dim=0)
+        act = (torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]).to(x.dtype)
     down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
         act, w2, sorted_ids, order, weights, y, *type_tables(name2, dev),
         pairs, hidden, n, w2.stride(0), w2.stride(1),
