@@ -170,11 +170,38 @@ def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, repl
     }
 
 
-def measure_ours(moe: MoE, plan: list, distinct: list, router: W.Router, tokens: int, a) -> dict:
+def launches(a) -> list[dict]:
+    """The launch configurations of our kernel to measure: the --ours-* defaults, then each of
+    --ours-sweep's ("block_n1=16,ksplit1=16;block_n2=128,num_warps2=8": each overrides the defaults)."""
+    base = {"block_n1": a.ours_block_n1, "ksplit1": a.ours_ksplit1, "block_n2": a.ours_block_n2,
+            "num_warps1": a.ours_warps1, "num_warps2": a.ours_warps2}
+    out = [base]
+    for spec in filter(None, (a.ours_sweep or "").split(";")):
+        cfg = dict(base)
+        for item in spec.split(","):
+            key, _, value = item.partition("=")
+            if key.strip() not in base:
+                raise SystemExit(f"--ours-sweep: unknown launch key {key.strip()!r}; keys: {', '.join(base)}")
+            cfg[key.strip()] = int(value)
+        out.append(cfg)
+    return out
+
+
+def measure_ours_best(moe: MoE, plan: list, distinct: list, router: W.Router, tokens: int, a) -> dict:
+    """measure_ours for every launch configuration; the fastest one's keys, and every one's time
+    under `ours_sweep` when there are several."""
+    runs = [measure_ours(moe, plan, distinct, router, tokens, a, launch) for launch in launches(a)]
+    ok = [r for r in runs if "ours_error" not in r]
+    best = dict(min(ok, key=lambda r: r["ours_us_per_call"]) if ok else runs[0])
+    if len(runs) > 1:
+        best["ours_sweep"] = [{"launch": r["ours_launch"], "us_per_call": r.get("ours_us_per_call"),
+                               "rel_diff": r.get("ours_rel_diff"), "error": r.get("ours_error")} for r in runs]
+    return best
+
+
+def measure_ours(moe: MoE, plan: list, distinct: list, router: W.Router, tokens: int, a, launch: dict) -> dict:
     """Our kernel over the same plan, timed as vLLM's was, and its output against vLLM's on every
     call of the plan. `ours_`-prefixed keys; an exception is recorded, not raised."""
-    launch = {"block_n1": a.ours_block_n1, "ksplit1": a.ours_ksplit1, "block_n2": a.ours_block_n2,
-              "num_warps1": a.ours_warps1, "num_warps2": a.ours_warps2}
     try:
         worst, rel = 0.0, 0.0
         for args in plan:
@@ -206,6 +233,8 @@ def main() -> int:
     ap.add_argument("--ours-block-n1", type=int, default=32, help="our kernel: gate/up rows per program")
     ap.add_argument("--ours-ksplit1", type=int, default=8, help="our kernel: programs sharing a gate/up row")
     ap.add_argument("--ours-block-n2", type=int, default=64, help="our kernel: down rows per program")
+    ap.add_argument("--ours-sweep", default="", help="more launch configurations of our kernel, ';'-separated "
+                    "'key=value,...' overrides of the --ours-* defaults; the fastest is reported, all are kept")
     ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
     ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")
     a = ap.parse_args()
@@ -255,7 +284,7 @@ def main() -> int:
                       f"x{r['over_floor']:.2f}  experts {r['distinct_experts_mean']:.1f} "
                       f"(uniform {r['distinct_experts_uniform']:.1f})", flush=True)
                 if c["kind"] == "gguf" and not a.no_ours:
-                    r.update(measure_ours(moe, plan, distinct, router, t, a))
+                    r.update(measure_ours_best(moe, plan, distinct, router, t, a))
                     if "ours_error" in r:
                         print(f"{name:14s} T={t:2d} ours: ERROR {r['ours_error'][:200]}", flush=True)
                     else:
