@@ -14,7 +14,7 @@ import pytest
 
 from vllm_k2_plugin.features import load_feature_patches
 from vllm_k2_plugin.patching import REGISTRY
-from vllm_k2_plugin.patching.versions import SUPPORTED, upper_bound
+from vllm_k2_plugin.patching.versions import SUPPORTED, SUPPORTED_RANGE, upper_bound
 
 from .conftest import engine_env
 from .patch_states import ABSENT_IN_RANGE, EXPECTED, NOT_APPLICABLE, V016, V032, V034, differences
@@ -123,3 +123,28 @@ def test_every_range_ends_inside_the_supported_releases():
         if p.model_runner not in ("any", "v1", "v2"):
             problems.append(f"{p.name}: model_runner {p.model_runner!r}")
     assert not problems, "\n".join(problems)
+
+
+#: What doctor says per release: the runner a K2.x engine gets, and whether the guard acts there.
+DOCTOR = {V016: ("v1", False), V032: ("v1", True), V034: ("v2", False)}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_doctor_states_range_runner_and_features(release):
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_k2_plugin.cli", "doctor", "--json"],
+        env=engine_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    runner, guard_acts = DOCTOR[release]
+    assert report["vllm_supported"] and report["supported_range"] == "vLLM 0.16 to 0.34 (vllm>=0.16,<0.35)"
+    assert report["model_runner"]["runner"] == runner
+    assert report["features"]["spec_guard"]["acts"] is guard_acts, report["features"]["spec_guard"]
+
+
+@pytest.mark.vllm_independent
+def test_setup_declares_the_supported_range():
+    from .conftest import REPO
+
+    assert f'"vllm{SUPPORTED_RANGE}"' in (REPO / "setup.py").read_text()
