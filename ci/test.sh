@@ -5,8 +5,8 @@
 #   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv: minutes
 #   engines  tests that start real engines (pytest -m slow): vLLM 0.16 first (the training
 #            end-to-end test extracts there and serves on the latest), then the latest
-#   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py and
-#            tests/test_patch_files_034.py only)
+#   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py,
+#            tests/test_patch_files_034.py and tests/test_patch_states.py only)
 #
 #   bash ci/test.sh                          # every tier
 #   VLLM_K2_TIERS="lint fast" bash ci/test.sh  # a developer's quick pass
@@ -107,7 +107,7 @@ fi
 # series (applied to a copy, probes flipped) run there.
 if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
   USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
-    tests/test_vllm034_import.py tests/test_patch_files_034.py
+    tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
 fi
 
 printf '%s\n' "${summary[@]}"

@@ -244,7 +244,7 @@ def test_engine_reports_loader_errors(ggufs, text_model, tmp_path):
 
 
 @pytest.mark.vllm_latest
-def test_retired_where_gguf_left_vllm():
+def test_not_applicable_where_gguf_left_vllm():
     out = subprocess.run(
         [sys.executable, "-m", "vllm_k2_plugin.cli", "patches", "list", "--register", "--json"],
         env=engine_env(),
@@ -254,7 +254,8 @@ def test_retired_where_gguf_left_vllm():
     )
     states = {p["name"]: p for p in json.loads(out.stdout)}
     for name in ("gguf-deepseek-force-dequant", "gguf-skip-speculators-probe"):
-        assert states[name]["state"] == "retired-upstream", states[name]
+        assert states[name]["state"] == "not-applicable", states[name]
+        assert "GGUF left vLLM's tree in 0.24" in states[name]["reason"], states[name]
 
 
 @pytest.mark.vllm016

@@ -204,8 +204,10 @@ def test_patch_files_flip_their_twins_probes(patched_site):
 
     # moe: the file assigns like the runtime twin (stock: unsorted up to 12 tokens x top 8 of 384).
     assert runtime["states"]["moe-group-tokens-by-expert"] == "applied"
-    # pcie, spec-guard: stock with the opt-ins set keeps the twins (it ignores the settings)
-    assert runtime["states"]["tp-pcie-oneshot-allreduce"] == runtime["states"]["spec-guard"] == "applied"
+    # pcie: stock with the opt-ins set keeps the twin (it ignores the settings); the runtime
+    # spec guard is off on 0.34 as a whole (built for the v1 model runner; 0.34 has only V2)
+    assert runtime["states"]["tp-pcie-oneshot-allreduce"] == "applied"
+    assert runtime["states"]["spec-guard"] == "not-applicable"
     assert runtime["moe_assignment"] == files_only["moe_assignment"] == ["naive"] + ["sorted"] * 4
     assert stock["moe_assignment"] == ["naive"] * 4 + ["sorted"]
     # rope: the op gets one float32 copy of the bf16 cache, the same values (the twin's cache.float()).

@@ -106,19 +106,35 @@ def test_double_patch_error_type(toy):
         PatchContext(b, "x").replace(toy.Engine, "speed", 2)
 
 
-def test_missing_target_names_patch_and_vllm_version(toy):
+def boom(ctx):
+    ctx.target()
+    raise RuntimeError("boom")
+
+
+def test_failure_names_patch_and_vllm_version(toy):
     reg = PatchRegistry()
-    p = reg.add(make("moved", faster, target="k2_toy_target:Gone"))
+    p = reg.add(make("broken", boom))
     reg.apply_all()
     assert p.state is PatchState.FAILED
-    assert "'moved'" in p.reason and f"vLLM {vllm_version_string()}" in p.reason
-    assert "k2_toy_target:Gone" in p.reason
+    assert "'broken'" in p.reason and f"vLLM {vllm_version_string()}" in p.reason and "boom" in p.reason
+
+
+def test_missing_target_is_not_applicable_never_failed(toy):
+    """A target the installed release lacks: not-applicable, naming what is missing."""
+    reg = PatchRegistry()
+    gone = reg.add(make("moved", faster, target="k2_toy_target:Gone"))
+    no_module = reg.add(make("no-module", faster, target="k2_toy_gone_module:Engine"))
+    reg.apply_all(strict=True)  # nothing failed: strict mode has nothing to abort for
+    assert gone.state is no_module.state is PatchState.NOT_APPLICABLE
+    assert f"k2_toy_target:Gone is not in vLLM {vllm_version_string()}" in gone.reason and "'Gone'" in gone.reason
+    assert "module k2_toy_gone_module is not in it" in no_module.reason
+    assert toy.Engine().speed() == 1
 
 
 def test_strict_mode_raises_past_except_exception(toy):
     reg = PatchRegistry()
-    reg.add(make("moved", faster, target="k2_toy_target:Gone"))
-    with pytest.raises(StrictModeAbort, match="moved"):
+    reg.add(make("broken", boom))
+    with pytest.raises(StrictModeAbort, match="broken"):
         try:
             reg.apply_all(strict=True)
         except Exception:  # what vLLM's plugin loader does with plugin errors
@@ -153,6 +169,67 @@ def test_version_range_and_disable(toy):
     assert far.state is PatchState.NOT_APPLICABLE and "outside >=99" in far.reason
     assert off.state is PatchState.DISABLED
     assert toy.Engine().speed() == 1
+
+
+def test_range_end_says_why(toy):
+    reg = PatchRegistry()
+    ended = reg.add(make("ended", faster, applies_to=">=0.1,<0.2", why_range_ends="its target left in 0.2"))
+    early = reg.add(make("early", faster, applies_to=">=99,<100", why_range_ends="never shown below the range"))
+    reg.apply_all()
+    assert ended.reason == f"vLLM {vllm_version_string()} is outside >=0.1,<0.2: its target left in 0.2"
+    assert early.reason == f"vLLM {vllm_version_string()} is outside >=99,<100"
+
+
+def _runner(monkeypatch, runner):
+    from vllm_k2_plugin.patching import registry
+    from vllm_k2_plugin.patching.runner import RunnerChoice
+
+    monkeypatch.setattr(registry, "model_runner_for_kimi", lambda: RunnerChoice(runner, "the test says so"))
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_runners_patch_applies_only_where_the_engine_runs_it(toy, monkeypatch, runner):
+    _runner(monkeypatch, runner)
+    reg = PatchRegistry()
+    v1 = reg.add(make("v1-only", faster, model_runner="v1"))
+    anywhere = reg.add(make("anywhere", lambda ctx: ctx.replace_item(toy.TABLE, "k", 5)))
+    reg.apply_all()
+    assert anywhere.state is PatchState.APPLIED
+    if runner == "v1":
+        assert v1.state is PatchState.APPLIED
+    else:
+        assert v1.state is PatchState.NOT_APPLICABLE and toy.Engine().speed() == 1
+        assert v1.reason == (
+            "built for vLLM's v1 model runner; this engine will use Model Runner V2 (the test says so)"
+        )
+
+
+@pytest.mark.parametrize("missing", ["failed", "not-applicable"])
+def test_a_whole_feature_goes_off_with_any_missing_part(toy, missing):
+    reg = PatchRegistry()
+    first = reg.add(make("part-a", faster, feature="guard", needs_whole_feature=True))
+    table = reg.add(make("part-b", lambda ctx: ctx.replace_item(toy.TABLE, "k", 5), feature="guard"))
+    if missing == "failed":
+        gone = reg.add(make("part-c", boom, feature="guard", needs_whole_feature=True))
+    else:
+        gone = reg.add(make("part-c", faster, feature="guard", needs_whole_feature=True, only_if=lambda: "not here"))
+    other = reg.add(make("other", lambda ctx: ctx.replace_item(toy.TABLE, "o", 1), feature="elsewhere"))
+    reg.apply_all()
+    assert gone.state.value == missing
+    for part in (first, table):
+        assert part.state is PatchState.NOT_APPLICABLE
+        assert part.reason == f"feature guard incomplete: part-c {missing}"
+    assert toy.Engine().speed() == 1 and "k" not in toy.TABLE  # undone
+    assert other.state is PatchState.APPLIED and toy.TABLE["o"] == 1  # other features keep theirs
+
+
+def test_a_part_switched_off_by_name_leaves_the_rest_on(toy):
+    """VLLM_K2_DISABLE_PATCHES measures a feature without one part: the rest stays."""
+    reg = PatchRegistry()
+    first = reg.add(make("part-a", faster, feature="guard", needs_whole_feature=True))
+    off = reg.add(make("part-b", boom, feature="guard", needs_whole_feature=True))
+    reg.apply_all(disabled=frozenset({"part-b"}))
+    assert off.state is PatchState.DISABLED and first.state is PatchState.APPLIED
 
 
 def test_mapping_items(toy):

@@ -7,7 +7,15 @@ import os
 
 from .patching import REGISTRY
 from .patching.registry import applied_patch_files
-from .patching.versions import SUPPORTED, package_version, vllm_release, vllm_version_string
+from .patching.runner import model_runner_for_kimi
+from .patching.versions import (
+    SUPPORTED,
+    SUPPORTED_RANGE,
+    SUPPORTED_TEXT,
+    package_version,
+    vllm_release,
+    vllm_version_string,
+)
 from .settings import DOCUMENTED, Settings
 
 ENTRY_GROUP = "vllm.general_plugins"
@@ -61,6 +69,25 @@ def load_through_vllm() -> tuple[bool, str]:
 NEEDED = {"vllm": "the engine the plugin patches", "torch": "vLLM's tensors, the MLA kernel, training"}
 
 
+def features(patches: list[dict]) -> dict[str, dict]:
+    """Per feature: whether it acts here (one of its patches applied) and, if not, why (the first
+    patch's reason). A feature vLLM already has (all retired upstream) is said so."""
+    out: dict[str, dict] = {}
+    for p in patches:
+        out.setdefault(p["feature"], []).append(p)
+    summary = {}
+    for feature, rows in out.items():
+        applied = [r["name"] for r in rows if r["state"] == "applied"]
+        if applied:
+            summary[feature] = {"acts": True, "detail": ", ".join(applied)}
+        elif all(r["state"] == "retired-upstream" for r in rows):
+            summary[feature] = {"acts": False, "detail": "vLLM does this itself"}
+        else:
+            first = next(r for r in rows if r["state"] != "retired-upstream")
+            summary[feature] = {"acts": False, "detail": f"{first['name']} {first['state']}: {first['reason']}"}
+    return summary
+
+
 def collect() -> dict:
     loaded, how = load_through_vllm()
     release = vllm_release()
@@ -81,14 +108,26 @@ def collect() -> dict:
             "gguf": package_version("gguf"),
         },
         "vllm_supported": bool(release and SUPPORTED.contains(release)),
+        "supported_range": f"{SUPPORTED_TEXT} (vllm{SUPPORTED_RANGE})",
+        "model_runner": _runner(),
         "gpu": gpu_description(),
         "entry_points": our_entry_points(),
         "loaded_by_vllm": loaded,
         "loaded_how": how,
         "settings": {name: os.environ.get(name, "") for name, _ in DOCUMENTED},
         "patches": [p.describe() for p in REGISTRY],
+        "features": features([p.describe() for p in REGISTRY]),
         "patch_files_applied": applied_patch_files(),
     }
+
+
+def _runner() -> dict | None:
+    """Which model runner a Kimi-K2.x engine with EAGLE-3 gets on this vLLM (None: no vLLM)."""
+    try:
+        choice = model_runner_for_kimi()
+    except Exception as e:  # noqa: BLE001 - doctor reports, never crashes
+        return {"runner": "?", "name": "unknown", "how": f"{type(e).__name__}: {e}"}
+    return None if choice is None else {"runner": choice.runner, "name": choice.name, "how": choice.how}
 
 
 def render(report: dict) -> str:
@@ -98,9 +137,12 @@ def render(report: dict) -> str:
     missing = [f"{name} ({why})" for name, why in NEEDED.items() if not report["versions"].get(name)]
     if missing:
         lines.append(f"  {'MISSING':16} " + "; ".join(missing))
-    sup = "yes" if report["vllm_supported"] else f"NO (supported: vllm{SUPPORTED})"
+    sup = "yes" if report["vllm_supported"] else "NO"
+    runner = report["model_runner"]
+    runner_line = f"{runner['name']} ({runner['how']})" if runner else "- (vLLM is not installed)"
     lines += [
-        f"  {'vllm supported':16} {sup}",
+        f"  {'vllm supported':16} {sup}: {report['supported_range']}",
+        f"  {'model runner':16} {runner_line}",
         f"  {'gpu':16} {report['gpu']}",
         f"  {'entry point':16} {', '.join(report['entry_points']) or 'MISSING'}",
         f"  {'loaded by vLLM':16} {'yes' if report['loaded_by_vllm'] else 'NO'}: {report['loaded_how']}",
@@ -116,8 +158,12 @@ def render(report: dict) -> str:
         "",
         f"patch files (patches/vllm-<version>/): {in_force}",
         "",
-        "patches:",
+        f"features (for {runner['name'] if runner else 'no vLLM'}):",
     ]
+    width = max((len(f) for f in report["features"]), default=0)
+    for feature, f in report["features"].items():
+        lines.append(f"  {feature:<{width}}  {'acts' if f['acts'] else 'off'}: {f['detail']}")
+    lines += ["", "patches:"]
     lines.append(render_patch_table(report["patches"]))
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ import time
 from types import SimpleNamespace
 
 from ..log import get_logger
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from ..platform import no_cuda
 from .choice import WaitOrCorrect
 from .correction import Optimistic, correct_on_device, self_check
@@ -332,6 +332,8 @@ def logger():
     feature="async_spec",
     target=f"{RUNNER}:GPUModelRunner._update_states",
     applies_to=">=0.16,<0.17",
+    model_runner=RUNNER_V1,
+    why_range_ends="written and measured against vLLM 0.16's _update_states only",
     only_if=_no_cuda,
     already_upstream=_upstream_does_not_wait,
     upstream="vllm-project/vllm#32951 (zero-bubble async scheduling + spec decoding)",

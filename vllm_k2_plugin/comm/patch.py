@@ -267,7 +267,7 @@ def _upstream_takes_pcie_ranks() -> bool:
     name=PATCH_NAME,
     feature="comm",
     target=f"{CA_MODULE}:CustomAllreduce.should_custom_ar",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     only_if=_not_wanted,
     already_upstream=_upstream_takes_pcie_ranks,
     upstream="none merged (vllm PRs #22392, #39040, #39633 tried; tracked in vllm issue #37113)",

@@ -77,7 +77,7 @@ def _fixed_forward_cpu(original):
     name="cpu-rope-3d-query",
     feature="cpu",
     target=f"{TARGET}.forward_cpu",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     only_if=_not_cpu,
     already_upstream=_upstream_fixed,
     upstream="to report (docs/upstream-reports/cpu-rope-3d-query.md); no upstream issue found",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..log import get_logger
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 
 MODULE = "vllm.v1.attention.backends.triton_attn"
 PATCH_NAME = "draft-prefill-as-decode"
@@ -128,7 +128,9 @@ def _upstream_runs_drafts_as_decode() -> bool:
     name=PATCH_NAME,
     feature="draft_attention",
     target=f"{MODULE}:TritonAttentionMetadataBuilder.build_for_drafting",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.34",
+    model_runner=RUNNER_V1,
+    why_range_ends="vLLM 0.34's TRITON_ATTN builder has no build_for_drafting (its caller, the v1 proposer, is gone)",
     already_upstream=_upstream_runs_drafts_as_decode,
     upstream="none yet (vLLM's unified attention splits the context only for one-token queries)",
     why="the drafter's first pass (1 + k tokens per request) walks the whole context in one program per KV head",

@@ -117,7 +117,7 @@ def _upstream_fills_the_gpu() -> bool:
     name=PATCH_NAME,
     feature="draft_attention",
     target=f"{MODULE}:TritonAttentionMetadataBuilder.build",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     already_upstream=_upstream_fills_the_gpu,
     upstream="none (vLLM 0.32 uses 64 segments on sm_120 only, chosen in the builder's __init__)",
     why="a single-stream draft pass with one KV head runs 16 programs over the whole context",

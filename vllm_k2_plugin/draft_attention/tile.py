@@ -256,7 +256,7 @@ def logger():
     name=PATCH_NAME,
     feature="draft_attention",
     target=f"{OPS}:_get_tile_size",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     only_if=_no_cuda,
     already_upstream=_upstream_tiles_wider,
     upstream="none yet (vLLM decodes 16-bit KV with 16-key tiles)",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..log import get_logger
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from .patch import _not_wanted, _upstream_graphs_drafts, uses_graphs
 
 TARGET = "vllm.platforms.cuda:CudaPlatformBase.get_attn_backend_cls"
@@ -87,7 +87,8 @@ def _no_cuda_or_not_wanted() -> str | None:
     name="draft-attention-triton",
     feature="draft_graph",
     target=TARGET,
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
+    model_runner=RUNNER_V1,
     only_if=_no_cuda_or_not_wanted,
     already_upstream=_upstream_graphs_drafts,
     upstream="none yet (companion of draft-step-graph: vLLM graphs the drafter's passes piecewise only)",

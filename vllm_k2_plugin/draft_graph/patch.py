@@ -3,7 +3,7 @@ whole ``propose`` as one CUDA graph (see graphs.py)."""
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from ..settings import ENV_DRAFT_GRAPH, draft_graph_setting
 from .vllm_adapter import PROPOSER, propose_owner, proposer_class
 
@@ -73,7 +73,9 @@ def uses_graphs(vllm_config, speculative_config) -> bool:
     name="draft-step-graph",
     feature="draft_graph",
     target=f"{PROPOSER}.propose",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.34",
+    model_runner=RUNNER_V1,
+    why_range_ends="vLLM 0.34 removed the v1 EAGLE proposer (vllm/v1/spec_decode/eagle.py) with its v1 model runner",
     only_if=_not_wanted,
     already_upstream=_upstream_graphs_drafts,
     upstream="none yet (vLLM's EAGLE proposer supports piecewise graphs only)",

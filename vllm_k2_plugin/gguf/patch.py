@@ -7,6 +7,8 @@ import importlib.util
 from vllm_k2_plugin.patching import REGISTRY, PatchContext
 
 LOADERS = "vllm.model_executor.model_loader"
+#: Where both GGUF patches end: what they change left vLLM with its in-tree GGUF.
+GGUF_LEFT = "GGUF left vLLM's tree in 0.24 (vllm-project/vllm#39612; vllm-gguf-plugin serves it from then)"
 
 
 def _no_in_tree_gguf() -> bool:
@@ -34,7 +36,8 @@ def _unquantized_moe_when_skipped(original):
     name="gguf-deepseek-force-dequant",
     feature="gguf",
     target=f"{LOADERS}:_LOAD_FORMAT_TO_MODEL_LOADER",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.24",
+    why_range_ends=GGUF_LEFT,
     already_upstream=_no_in_tree_gguf,
     upstream="vllm-project/vllm#39583 (GGUF+MLA garbled); GGUF left vLLM in #39612 (>= 0.24)",
     why="Kimi/DeepSeek MLA GGUFs (kimi_k2 types, split attn_k_b/attn_v_b, shards) do not load on 0.16",
@@ -66,7 +69,8 @@ def _gguf_skips_speculators_probe(original):
     name="gguf-skip-speculators-probe",
     feature="gguf",
     target="vllm.engine.arg_utils:maybe_override_with_speculators",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.24",
+    why_range_ends=GGUF_LEFT,
     already_upstream=_no_in_tree_gguf,
     upstream="none found: vLLM 0.16 parses the GGUF with transformers to look for speculators_config",
     why="transformers cannot parse deepseek2 GGUFs, so `vllm serve x.gguf --hf-config-path ...` crashes at config time",

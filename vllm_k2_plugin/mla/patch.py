@@ -26,7 +26,7 @@ def _upstream_has_it() -> bool:
     name="triton-mla-k2-decode",
     feature="mla",
     target=f"{BACKEND_REGISTRY}:_ATTN_OVERRIDES",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     upstream="vLLM #40608 (issue), #40750 (closed), #53748/#54013 (fp8 smem); 0.32's TritonMLA has UNIFORM",
     why=(
         "TRITON_MLA (the MLA backend sm_120 gets) before 0.32 runs EAGLE-3 verify as prefill and has no full "

@@ -23,7 +23,7 @@ def _upstream_has_it() -> bool:
     name="kimi-k2-config-registry",
     feature="models",
     target=TARGET,
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     already_upstream=_upstream_has_it,
     upstream="vllm-project/vllm: kimi_k2 in _CONFIG_REGISTRY (present by 0.32)",
     why="configs with model_type kimi_k2 (K2 targets, K2/K2.5 drafts) fail to load without remote code",

@@ -49,6 +49,7 @@ def _no_allowlist_or_has_k2() -> bool:
     feature="eagle3",
     target="vllm.config.speculative:SpeculativeConfig._verify_args",
     applies_to=">=0.16,<0.18",
+    why_range_ends="vLLM 0.18 dropped the EAGLE-3 target allow-list (vllm-project/vllm#42536)",
     already_upstream=_no_allowlist_or_has_k2,
     upstream="vllm-project/vllm#42536 (allow-list removed upstream)",
     why="stock 0.16 refuses method=eagle3 for deepseek_v3/kimi_k2 targets at config time",

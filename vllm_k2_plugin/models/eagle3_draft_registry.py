@@ -31,7 +31,7 @@ def _upstream_class_is_enough() -> bool:
     name="kimi-k25-eagle3-draft-class",
     feature="eagle3",
     target="vllm.model_executor.models.registry:ModelRegistry",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     upstream="none: names our drafter class; upstream's Llama EAGLE-3 class covers it in 0.32 (not 0.20)",
     why="0.16's Llama EAGLE-3 class ignores the target's text_config hidden size and loads bad d2t silently",
     remove_when="the minimum supported vLLM is one whose class is enough (0.32 is; keep the alias for exports)",

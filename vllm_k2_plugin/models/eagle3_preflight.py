@@ -80,7 +80,7 @@ def _wrap(original):
     name="eagle3-draft-preflight",
     feature="eagle3",
     target="vllm.engine.arg_utils:EngineArgs.create_speculative_config",
-    applies_to=">=0.16",
+    applies_to=">=0.16,<0.35",
     upstream="none: plugin feature (clear drafter errors before serving)",
     why="broken drafters otherwise fail late (worker) or serve garbage (bad d2t, wrong aux ids)",
     remove_when="vLLM validates drafters against the target itself",

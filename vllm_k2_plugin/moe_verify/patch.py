@@ -81,7 +81,7 @@ def _upstream_sorts_small_batches() -> bool:
     patch_file="0004-moe-group-tokens-by-expert.patch",  # patches/vllm-0.32.0/
     feature="moe_verify",
     target=f"{MODULE}:_prepare_expert_assignment",
-    applies_to=">=0.20",
+    applies_to=">=0.20,<0.35",
     already_upstream=_upstream_sorts_small_batches,
     upstream="none yet (fused_moe's 'naive block assignment' for tokens x top-k x 4 <= experts)",
     why="a verify step's tokens that route to the same experts each stream those experts' weights",

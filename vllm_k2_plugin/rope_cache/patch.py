@@ -140,7 +140,7 @@ def logger():
     patch_file="0003-rope-float32-cache.patch",  # patches/vllm-0.32.0/
     feature="rope_cache",
     target=f"{MODULE}:RotaryEmbedding.forward_cuda",
-    applies_to=">=0.20",
+    applies_to=">=0.20,<0.35",
     only_if=_no_cuda,
     already_upstream=_upstream_hands_float_cache,
     upstream="none yet (vLLM's rotary op converts a bf16/fp16 cos/sin cache to float32 per call)",

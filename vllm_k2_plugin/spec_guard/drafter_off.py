@@ -12,8 +12,8 @@ too long for the drafter. Drafts stay verified, so outputs do not change.
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext, scope
-from .patch import _no_dynamic_sd
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
+from .patch import V1_RUNNER_GONE, _no_dynamic_sd
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
 
@@ -90,7 +90,10 @@ def _upstream_skips_drafter() -> bool:
     name="spec-guard-drafter-off",
     feature="spec_guard",
     target=f"{MODULE}:GPUModelRunner.propose_draft_token_ids",
-    applies_to=">=0.17",
+    applies_to=">=0.17,<0.34",
+    needs_whole_feature=True,
+    model_runner=RUNNER_V1,
+    why_range_ends=V1_RUNNER_GONE,
     only_if=_no_dynamic_sd,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (vLLM runs the EAGLE drafter's first pass at k = 0 to keep its KV cache complete)",

@@ -11,7 +11,7 @@ lists for the step's requests without the round trip (the CPU engine served: the
 
 from __future__ import annotations
 
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from .drafter_off import _Recorder
 from .patch import ATTR, _no_dynamic_sd
 
@@ -72,7 +72,9 @@ def _upstream_skips_rpc() -> bool:
     name="spec-guard-no-draft-rpc",
     feature="spec_guard",
     target=f"{MODULE}:EngineCore.post_step",
-    applies_to=">=0.17",
+    applies_to=">=0.17,<0.35",
+    needs_whole_feature=True,
+    model_runner=RUNNER_V1,
     only_if=_no_dynamic_sd,
     already_upstream=_upstream_skips_rpc,
     upstream="none yet (vLLM's synchronous engine core asks the worker for drafts after every step)",

@@ -15,12 +15,16 @@ from __future__ import annotations
 import time
 
 from ..log import get_logger
-from ..patching import REGISTRY, PatchContext, scope
+from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from ..settings import ENV_SPEC_GUARD, spec_guard_enabled
 from .controller import SpecGuard
 
 MODULE = "vllm.v1.core.sched.scheduler"
 ATTR = "_vllm_k2_spec_guard"
+#: The guard is built for vLLM's v1 model runner: its k = 0 steps skip the drafter and the
+#: rejection sampler there (drafter_off, zero_draft_sampling). Under Model Runner V2 those parts
+#: cannot apply, and the scheduler half alone would still run the drafter: the feature is all or none.
+V1_RUNNER_GONE = "vLLM 0.34 removed its v1 model runner (vllm/v1/worker/gpu_model_runner.py)"
 
 
 def _no_dynamic_sd() -> str | None:
@@ -193,7 +197,9 @@ def logger():
     name="spec-guard",
     feature="spec_guard",
     target=f"{MODULE}:Scheduler.schedule",
-    applies_to=">=0.17",
+    applies_to=">=0.17,<0.35",
+    needs_whole_feature=True,
+    model_runner=RUNNER_V1,
     only_if=_no_dynamic_sd,
     already_upstream=_upstream_adapts_k,
     upstream="none yet (vLLM's dynamic speculative decoding takes a fixed batch-size schedule)",

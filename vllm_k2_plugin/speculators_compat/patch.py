@@ -29,6 +29,7 @@ def _speculators_targets_this_vllm() -> bool:
     feature="speculators",
     target=TARGET,
     applies_to=">=0.16,<0.17",
+    why_range_ends="speculators 0.3.0's in-process generator was written for vLLM 0.16 (0.4 targets later vLLM itself)",
     only_if=_no_speculators,
     already_upstream=_speculators_targets_this_vllm,
     upstream="vllm-project/speculators #279, PR #313; later releases rewrote data generation",

