@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(BENCHMARKS))  # the repository: our kernel wi
 from quant_moe import cases as C  # noqa: E402
 from quant_moe import weights as W  # noqa: E402
 from vllm_k2_plugin.gguf_moe import blocks as B  # noqa: E402
+from vllm_k2_plugin.gpu_timing import graph_replay_times_us  # noqa: E402
 
 
 def copy_bandwidth(dev) -> float:
@@ -134,30 +135,12 @@ def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, repl
         if ev.device_type.name == "CUDA" and ev.device_time > 0:
             name = ev.name[:90]
             kernels[name] = kernels.get(name, 0.0) + ev.device_time / calls  # us per call
-    # graph replay timing
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    # graph replay timing: the whole plan per replay
+    def run_plan():
         for args in plan:
             moe(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in plan:
-            moe(*args)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / calls)
-    del graph
+
+    times = graph_replay_times_us(run_plan, replays=1, batches=replays, calls_per_fn=calls)
     return {
         "tokens": tokens,
         "us_per_call": statistics.median(times),

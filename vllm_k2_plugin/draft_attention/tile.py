@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 
+from ..gpu_timing import graph_replay_us
 from ..log import get_logger
 from ..patching import REGISTRY, PatchContext, scope
 from ..platform import no_cuda
@@ -73,32 +74,6 @@ def fixed_decode_tile(stock, tile: int):
         return stock(head_size, sliding_window, element_size, is_prefill) if is_prefill else tile
 
     return get_tile_size
-
-
-def _graph_us(torch, fn, replays: int = 20, batches: int = 3) -> float:
-    """GPU time of one ``fn`` call: ``fn`` captured once in a CUDA graph, back-to-back replays
-    timed with CUDA events (median of ``batches``). Timing eager calls instead measured the host:
-    on the H200 the eager check saw 241 vs 268 µs for kernels of ~38 vs ~95 µs, and once
-    416 vs 303 µs, keeping vLLM's tile where 128 is 2.5x faster (engine logs, 2026-12-04)."""
-    fn()  # compiles the kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: the engine's other threads may touch CUDA while this captures
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        per_call.append(1000 * a.elapsed_time(b) / replays)
-    del graph
-    return sorted(per_call)[batches // 2]
 
 
 def _eager_us(torch, fn, reps: int = 9) -> float:
@@ -157,7 +132,7 @@ def measure(device, heads_q: int, heads_kv: int, head: int, dtype, segments: int
             run()
             outs[name] = out.float()  # the eager output: what decides correctness
             try:
-                times[name] = _graph_us(torch, run)
+                times[name] = graph_replay_us(run)
             except Exception as e:  # noqa: BLE001 - no capture here: eager timing (host cost included), said
                 timing = f"eager (CUDA-graph capture failed: {type(e).__name__})"
                 times[name] = _eager_us(torch, run)

@@ -17,11 +17,12 @@ MoE layer of that layout after the model is loaded, with that layer's own weight
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from ..gpu_timing import graph_replay_us
 
 #: token counts timed at start-up; vLLM's GGUF MoE groups by expert itself above 64
 TIMED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -108,29 +109,11 @@ def check(w1, w2, t1, t2, top_k: int, vllm_fn: MoEFn, ours_fn: MoEFn, dequantize
 
 
 def _graph_time_us(fn: MoEFn, calls: list[tuple]) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for args in calls:  # warm-up (compiles) outside the capture
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def run_all():
         for args in calls:
             fn(*args)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times)
+
+    return graph_replay_us(run_all, replays=1, batches=REPLAYS, calls_per_fn=len(calls))
 
 
 def choose(w1, w2, t1, t2, top_k: int, vllm_fn: MoEFn, ours_fn: MoEFn, dequantize, always: bool = False) -> Choice:
