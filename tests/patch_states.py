@@ -46,11 +46,11 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "gguf-skip-speculators-probe": (APPLIED, ""),
         "speculators-0.3-generator": (APPLIED, ""),
         "triton-mla-k2-decode": (APPLIED, ""),
-        # the guard starts at 0.17: below its range, so not "incomplete"
-        "spec-guard": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.35")),
-        "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.34")),
-        "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.34")),
-        "spec-guard-no-draft-rpc": (NOT_APPLICABLE, _outside(V016, ">=0.17,<0.35")),
+        # no dynamic speculative decoding in 0.16: the guard trims drafts itself
+        "spec-guard": (APPLIED, ""),
+        "spec-guard-drafter-off": (APPLIED, ""),
+        "spec-guard-zero-draft-sampling": (APPLIED, ""),
+        "spec-guard-no-draft-rpc": (APPLIED, ""),
         "async-spec-zero-bubble": (NOT_APPLICABLE, NO_CUDA),
         "draft-step-graph": (NOT_APPLICABLE, NO_CUDA),
         "draft-attention-triton": (NOT_APPLICABLE, NO_CUDA),
@@ -111,8 +111,8 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "triton-mla-k2-decode": (RETIRED, _upstream(V034)),
         # the speculation guard is off as a whole: built for the v1 runner, which 0.34 lacks
         "spec-guard": (NOT_APPLICABLE, V2_ONLY),
-        "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V034, ">=0.17,<0.34", V1_RUNNER_GONE)),
-        "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V034, ">=0.17,<0.34", V1_RUNNER_GONE)),
+        "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", V1_RUNNER_GONE)),
+        "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", V1_RUNNER_GONE)),
         "spec-guard-no-draft-rpc": (NOT_APPLICABLE, V2_ONLY),
         "async-spec-zero-bubble": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.17", "written and measured")),
         "draft-step-graph": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", "vLLM 0.34 removed the v1 EAGLE proposer")),

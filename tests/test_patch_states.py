@@ -126,7 +126,7 @@ def test_every_range_ends_inside_the_supported_releases():
 
 
 #: What doctor says per release: the runner a K2.x engine gets, and whether the guard acts there.
-DOCTOR = {V016: ("v1", False), V032: ("v1", True), V034: ("v2", False)}
+DOCTOR = {V016: ("v1", True), V032: ("v1", True), V034: ("v2", False)}
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -112,7 +112,6 @@ def test_buckets_are_independent_and_a_switch_back_happens():
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):"]
 
 
-@pytest.mark.vllm_latest
 @pytest.mark.parametrize(
     "module, attr, probe, wrap",
     [

@@ -8,12 +8,18 @@ resumed requests and the step that verifies the last drafts still run it, so eve
 is in the drafter's cache); the decode tokens of a k = 0
 stretch are then missing from the drafter's cache, as they are in stock vLLM for inputs
 too long for the drafter. Drafts stay verified, so outputs do not change.
+
+On releases whose scheduler output has no per-step k (0.16 ... 0.24) the guard's scheduler half
+sets it, and the runner keeps a fixed-width draft buffer: the skipped pass leaves zeros there,
+as stock does when the drafter cannot run, and the scheduler drops them (spec_guard/patch.py).
 """
 
 from __future__ import annotations
 
+import inspect
+
 from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
-from .patch import V1_RUNNER_GONE, _no_dynamic_sd
+from .patch import V1_RUNNER_GONE, drafter_skipped, switched_off
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
 
@@ -21,16 +27,21 @@ MODULE = "vllm.v1.worker.gpu_model_runner"
 def _skips_drafter(runner, scheduler_output, sampled_token_ids) -> bool:
     import torch
 
-    if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
+    if not drafter_skipped(scheduler_output) or not isinstance(sampled_token_ids, torch.Tensor):
         return False
     if not scope.acts("spec-guard-drafter-off", getattr(runner, "vllm_config", None)):
         return False
     spec = runner.speculative_config
-    if not spec.use_eagle() or spec.disable_padded_drafter_batch:
-        return False
-    if scheduler_output.scheduled_new_reqs or not isinstance(sampled_token_ids, torch.Tensor):
-        return False
-    return all(n == 1 for n in scheduler_output.num_scheduled_tokens.values())
+    return spec.use_eagle() and not spec.disable_padded_drafter_batch
+
+
+def _per_step_k_in_vllm() -> bool:
+    """Does vLLM's scheduler output carry a per-step k (dynamic speculative decoding)?"""
+    import dataclasses
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    return "num_spec_tokens_to_schedule" in {f.name for f in dataclasses.fields(SchedulerOutput)}
 
 
 def _wrap_propose(original):
@@ -42,12 +53,22 @@ def _wrap_propose(original):
         # What stock does around a drafter that does not run (inputs too long for it):
         # the next tokens and valid counts the scheduler and async outputs read.
         self._draft_probs = self._draft_prob_req_ids = None
+        per_step_k = _per_step_k_in_vllm()
         if self.valid_sampled_token_count_event is not None:
-            next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(
-                sampled_token_ids, self.requests, self.input_batch, self.discard_request_mask.gpu
-            )
+            state = (self.requests, self.input_batch, self.discard_request_mask.gpu)
+            if per_step_k:
+                next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(sampled_token_ids, *state)
+            else:  # 0.16's signature: the step's attention metadata first
+                metadata = inspect.signature(original).bind(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+                next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(
+                    metadata.arguments["common_attn_metadata"], sampled_token_ids, *state
+                )
             self._copy_valid_sampled_token_count(next_token_ids, valid_count)
-        return torch.empty(sampled_token_ids.shape[0], 0, dtype=torch.int64, device=sampled_token_ids.device)
+        rows = sampled_token_ids.shape[0]
+        if per_step_k:
+            return torch.empty(rows, 0, dtype=torch.int64, device=sampled_token_ids.device)
+        # the runner's draft buffers are num_spec_tokens wide: zeros, which the guard drops
+        return torch.zeros(1, dtype=torch.int32, device=sampled_token_ids.device).expand(rows, self.num_spec_tokens)
 
     return propose_draft_token_ids
 
@@ -76,6 +97,7 @@ def _upstream_skips_drafter() -> bool:
         use_dflash=lambda: False, uses_draft_model=lambda: False,
     )  # fmt: skip
     probe.drafter, probe.valid_sampled_token_count_event = drafter, None  # None: no async copy (as on CPU)
+    probe.num_spec_tokens = 1
     out = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=1,
                           num_scheduled_tokens={"probe": 1}, scheduled_new_reqs=[])  # fmt: skip
     try:
@@ -90,11 +112,11 @@ def _upstream_skips_drafter() -> bool:
     name="spec-guard-drafter-off",
     feature="spec_guard",
     target=f"{MODULE}:GPUModelRunner.propose_draft_token_ids",
-    applies_to=">=0.17,<0.34",
+    applies_to=">=0.16,<0.34",
     needs_whole_feature=True,
     model_runner=RUNNER_V1,
     why_range_ends=V1_RUNNER_GONE,
-    only_if=_no_dynamic_sd,
+    only_if=switched_off,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (vLLM runs the EAGLE drafter's first pass at k = 0 to keep its KV cache complete)",
     why="at k = 0 the drafter's pass cost 12.6-13.7 % of a no-speculation step on the CPU engine (two profiles)",

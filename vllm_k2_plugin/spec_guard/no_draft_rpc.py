@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
 from .drafter_off import _Recorder
-from .patch import ATTR, _no_dynamic_sd
+from .patch import ATTR, switched_off
 
 MODULE = "vllm.v1.engine.core"
 
@@ -35,7 +35,10 @@ def _drafts_of_k0_step(core) -> list[str] | None:
 
 def _wrap_post_step(original):
     def post_step(self, model_executed: bool) -> None:
-        req_ids = _drafts_of_k0_step(self) if model_executed and self.check_for_draft_tokens else None
+        asks = getattr(self, "check_for_draft_tokens", None)
+        if asks is None:  # vLLM 0.16's name for it
+            asks = self.use_spec_decode and not self.async_scheduling
+        req_ids = _drafts_of_k0_step(self) if model_executed and asks else None
         if req_ids is None:
             return original(self, model_executed)
         from vllm.v1.outputs import DraftTokenIds
@@ -57,6 +60,7 @@ def _upstream_skips_rpc() -> bool:
     executor = _Recorder()
     probe = EngineCore.__new__(EngineCore)
     probe.model_executor, probe.check_for_draft_tokens, probe.async_scheduling = executor, True, False
+    probe.use_spec_decode = True  # vLLM 0.16 asks this instead
     probe.batch_queue = None
     probe.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3", use_eagle=lambda: True))
     probe.scheduler = SimpleNamespace(update_draft_token_ids=lambda drafts: None, draftless_req_ids=["probe"])
@@ -72,10 +76,10 @@ def _upstream_skips_rpc() -> bool:
     name="spec-guard-no-draft-rpc",
     feature="spec_guard",
     target=f"{MODULE}:EngineCore.post_step",
-    applies_to=">=0.17,<0.35",
+    applies_to=">=0.16,<0.35",
     needs_whole_feature=True,
     model_runner=RUNNER_V1,
-    only_if=_no_dynamic_sd,
+    only_if=switched_off,
     already_upstream=_upstream_skips_rpc,
     upstream="none yet (vLLM's synchronous engine core asks the worker for drafts after every step)",
     why="the guard's k = 0 steps paid a worker round trip for no drafts (CPU engine served: ~5 % of a step)",

@@ -1,13 +1,24 @@
-"""The speculation guard inside vLLM's scheduler (vLLM releases with dynamic speculative
-decoding: a per-step ``num_spec_tokens_to_schedule`` taken from the scheduler's
-``dynamic_sd_lookup[batch size]``, which the proposers honour, k = 0 included).
+"""The speculation guard inside vLLM's scheduler: per batch size, the number of speculative
+tokens k a step verifies (0 = none, and no drafter pass), from measured acceptance and step cost.
 
-The guard owns that lookup: before each ``schedule()`` it writes the k it wants per
-batch size (capped by the user's own schedule, if any, and by num_speculative_tokens);
-``make_spec_decoding_stats`` hands it vLLM's acceptance counts per request; and
-``update_from_output`` the step's wall time (schedule to update, i.e. scheduling plus the
-model step), kept only for pure decode steps whose k equals the previous step's (the
-verify width and the draft passes both at that k). A change of k is logged.
+How the k reaches the engine depends on the release, the controller does not:
+- vLLM with dynamic speculative decoding (a per-step ``num_spec_tokens_to_schedule`` taken from
+  the scheduler's ``dynamic_sd_lookup[batch size]``, which the proposers honour, k = 0 included):
+  the guard owns that lookup and writes the k it wants per batch size before each ``schedule()``
+  (capped by the user's own schedule, if any).
+- vLLM without it (0.16 ... 0.24: our users' 0.16): before each ``schedule()`` the guard trims
+  every running request's drafts to k, so vLLM schedules a verify of 1 + k tokens per request as
+  it does when a token budget cuts drafts short, and tells the runner the step's k
+  (``num_spec_tokens_to_schedule`` on the scheduler output, the field later releases have) so
+  that a k = 0 decode step skips the drafter (drafter_off). The drafter still drafts the
+  configured k at 0 < k < full: the measured step cost at each k says whether that pays.
+  A request whose last step skipped the drafter has no drafts: whatever the runner left in their
+  place is dropped, so the next step verifies none and its drafter pass drafts again.
+
+``make_spec_decoding_stats`` hands the guard vLLM's acceptance counts per request, and
+``update_from_output`` the step's wall time (schedule to update: scheduling plus the model step),
+kept only for pure decode steps whose k equals the previous step's (the verify width and the
+draft passes both at that k). A change of k is logged.
 """
 
 from __future__ import annotations
@@ -27,14 +38,16 @@ ATTR = "_vllm_k2_spec_guard"
 V1_RUNNER_GONE = "vLLM 0.34 removed its v1 model runner (vllm/v1/worker/gpu_model_runner.py)"
 
 
-def _no_dynamic_sd() -> str | None:
-    if not spec_guard_enabled():
-        return f"{ENV_SPEC_GUARD}=0"
-    try:
-        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: F401
-    except ImportError:
-        return "this vLLM has no per-step speculative token count (dynamic speculative decoding)"
-    return None
+def switched_off() -> str | None:
+    return None if spec_guard_enabled() else f"{ENV_SPEC_GUARD}=0"
+
+
+def drafter_skipped(scheduler_output) -> bool:
+    """Does this step skip the drafter (drafter_off)? A decode step of one token per request,
+    no new request, scheduled at k = 0. The runner asks the same of the same output."""
+    if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0 or scheduler_output.scheduled_new_reqs:
+        return False
+    return all(n == 1 for n in scheduler_output.num_scheduled_tokens.values())
 
 
 def _upstream_adapts_k() -> bool:
@@ -91,8 +104,12 @@ def _file_guard_turns_k_down() -> bool:
 class _State:
     """Per-scheduler bookkeeping around the controller."""
 
-    def __init__(self, guard: SpecGuard, caps: list[int]):
+    def __init__(self, guard: SpecGuard, caps: list[int], lookup: bool):
         self.guard, self.caps = guard, caps
+        #: True: vLLM's dynamic_sd_lookup carries k; False: the guard trims drafts (no lookup here)
+        self.lookup = lookup
+        #: requests whose last step skipped the drafter: their drafts are placeholders
+        self.no_drafts: set[str] = set()
         self.started: dict[int, tuple[float, int, int, bool]] = {}  # id(output) -> (t0, batch, k, pure)
         self.prev_k: int | None = None
         self.last_step: tuple[int, list[str]] | None = None  # (k, request ids) of the step just updated
@@ -102,9 +119,22 @@ class _State:
         self.drafted = [0] * self.guard.max_k
         self.accepted = [0] * self.guard.max_k
 
+    def k_for(self, batch: int) -> int:
+        return min(self.caps[min(batch, len(self.caps) - 1)], self.guard.k_for(batch))
+
     def fill(self, lookup: list[int]) -> None:
         for batch in range(1, len(lookup)):
-            lookup[batch] = min(self.caps[batch], self.guard.k_for(batch))
+            lookup[batch] = self.k_for(batch)
+
+    def trim_drafts(self, running, k: int) -> None:
+        for request in running:
+            drafts = request.spec_token_ids
+            if not drafts:
+                continue
+            if request.request_id in self.no_drafts:
+                request.spec_token_ids = []
+            elif len(drafts) > k:
+                request.spec_token_ids = drafts[:k]
 
 
 def _pure_decode(out) -> bool:
@@ -121,10 +151,12 @@ def _wrap_init(original):
         if k <= 0 or not scope.acts("spec-guard", self.vllm_config):
             return
         size = int(self.scheduler_config.max_num_seqs) + 1
-        user = self.dynamic_sd_lookup
+        lookup = hasattr(self, "dynamic_sd_lookup")  # this vLLM schedules a per-step k of its own
+        user = self.dynamic_sd_lookup if lookup else None
         caps = list(user) if user is not None else [k] * size
-        self.dynamic_sd_lookup = list(caps)
-        setattr(self, ATTR, _State(SpecGuard(max_k=k), caps))
+        if lookup:
+            self.dynamic_sd_lookup = list(caps)
+        setattr(self, ATTR, _State(SpecGuard(max_k=k), caps, lookup))
         logger().info("vllm-k2: speculation guard on (k <= %d per step; %s=0 turns it off)", k, ENV_SPEC_GUARD)
 
     return __init__
@@ -135,9 +167,16 @@ def _wrap_schedule(original):
         state = getattr(self, ATTR, None)
         if state is None:
             return original(self, *args, **kwargs)
-        state.fill(self.dynamic_sd_lookup)
         t0 = time.perf_counter()
+        if state.lookup:
+            state.fill(self.dynamic_sd_lookup)
+        else:
+            k = state.k_for(max(1, len(self.running)))
+            state.trim_drafts(self.running, k)
         out = original(self, *args, **kwargs)
+        if not state.lookup:
+            out.num_spec_tokens_to_schedule = k  # what later releases' scheduler output carries
+            state.no_drafts = set(out.num_scheduled_tokens) if drafter_skipped(out) else set()
         batch = len(out.num_scheduled_tokens)
         if batch:
             state.started[id(out)] = (t0, batch, int(out.num_spec_tokens_to_schedule), _pure_decode(out))
@@ -197,10 +236,10 @@ def logger():
     name="spec-guard",
     feature="spec_guard",
     target=f"{MODULE}:Scheduler.schedule",
-    applies_to=">=0.17,<0.35",
+    applies_to=">=0.16,<0.35",
     needs_whole_feature=True,
     model_runner=RUNNER_V1,
-    only_if=_no_dynamic_sd,
+    only_if=switched_off,
     already_upstream=_upstream_adapts_k,
     upstream="none yet (vLLM's dynamic speculative decoding takes a fixed batch-size schedule)",
     why="speculation that loses (low acceptance, MoE verify cost) must turn itself down per batch size",

@@ -13,7 +13,7 @@ path (their tensors are laid out by the rejection sampler).
 from __future__ import annotations
 
 from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
-from .patch import V1_RUNNER_GONE, _no_dynamic_sd
+from .patch import V1_RUNNER_GONE, switched_off
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
 
@@ -64,11 +64,11 @@ def _upstream_samples_plainly() -> bool:
     name="spec-guard-zero-draft-sampling",
     feature="spec_guard",
     target=f"{MODULE}:GPUModelRunner._sample",
-    applies_to=">=0.17,<0.34",
+    applies_to=">=0.16,<0.34",
     needs_whole_feature=True,
     model_runner=RUNNER_V1,
     why_range_ends=V1_RUNNER_GONE,
-    only_if=_no_dynamic_sd,
+    only_if=switched_off,
     already_upstream=_upstream_samples_plainly,
     upstream="none yet (vLLM sends every step of a speculative engine through its rejection sampler)",
     why="the guard's k = 0 steps paid the rejection sampler's bookkeeping for no drafts (CPU profile: 0.15 ms)",
