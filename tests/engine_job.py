@@ -2,7 +2,8 @@
 
     python tests/engine_job.py JOB.json RESULT.json
 
-JOB: {"model": path, "prompts": [...], "max_tokens": n, "llm_kwargs": {...}}.
+JOB: {"model": path, "prompts": [...], "max_tokens": n, "llm_kwargs": {...}}; optional
+"sampling": one SamplingParams keyword dict per prompt (default: greedy, max_tokens, logprobs).
 A separate process per engine keeps pytest's own process free of vLLM state and
 matches how users start vLLM (spawned engine core and workers; hence the guard).
 
@@ -47,6 +48,8 @@ def run(job: dict, teardown: bool = False) -> dict:
         llm = LLM(model=job["model"], **kwargs)
         result["start_s"] = time.time() - t0
         params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", 8), logprobs=job.get("logprobs", 5))
+        if "sampling" in job:
+            params = [SamplingParams(**one) for one in job["sampling"]]
         outs = llm.generate(job["prompts"], params)
         result["outputs"] = [
             {

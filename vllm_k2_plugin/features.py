@@ -10,6 +10,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.models.config_registry",
     "vllm_k2_plugin.cpu.rope_inplace",
     "vllm_k2_plugin.cpu.kernel_rebind",
+    "vllm_k2_plugin.cpu.seeded_sampling",
     "vllm_k2_plugin.models.eagle3_target",
     "vllm_k2_plugin.models.eagle3_allowlist",
     "vllm_k2_plugin.models.eagle3_preflight",
