@@ -24,7 +24,7 @@ import sys
 import time
 
 from vllm_k2_plugin import fileio
-from vllm_k2_plugin.fixtures.trained_target import BENCH_DRAFTER, corpus_digest, stdlib_files
+from vllm_k2_tools.fixtures.trained_target import BENCH_DRAFTER, corpus_digest, stdlib_files
 
 STAGES = ("prepare", "prepare_eval", "extract", "extract_eval", "vocab", "train", "export", "eval")
 EXPORT_FILES = ("config.json", "model.safetensors")

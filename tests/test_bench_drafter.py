@@ -10,14 +10,14 @@ import json
 import pytest
 
 from vllm_k2_plugin import fileio
-from vllm_k2_plugin.fixtures.trained_target import (
+from vllm_k2_tools.fixtures.trained_target import (
     BENCH_DRAFTER,
     corpus_digest,
     recipe_chat_files,
     stdlib_files,
     write_bench_recipe,
 )
-from vllm_k2_plugin.train.recipe import load_recipe
+from vllm_k2_tools.train.recipe import load_recipe
 
 from .conftest import REPO
 

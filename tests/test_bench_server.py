@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_k2_plugin.bench.server import ServerFailed, first_error, vllm_server
+from vllm_k2_tools.bench.server import ServerFailed, first_error, vllm_server
 
 
 @pytest.mark.vllm_latest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_k2_plugin.bench.ab import ABConfig, Mode, summarize_rounds
+from vllm_k2_tools.bench.ab import ABConfig, Mode, summarize_rounds
 
 pytestmark = pytest.mark.vllm_independent
 

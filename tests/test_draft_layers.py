@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from vllm_k2_plugin.train.draft_model import DraftConfig, Eagle3Draft
+from vllm_k2_tools.train.draft_model import DraftConfig, Eagle3Draft
 
 pytestmark = pytest.mark.vllm_independent
 
@@ -85,7 +85,7 @@ def test_each_layer_attends_over_its_own_earlier_steps():
 def test_two_layer_export_names_and_reads_back(tmp_path, layout, monkeypatch):
     from safetensors.torch import load_file, save_file
 
-    from vllm_k2_plugin.train.export import export, load_export
+    from vllm_k2_tools.train.export import export, load_export
 
     model = _model(2)
     ck = tmp_path / "draft.safetensors"
@@ -95,7 +95,7 @@ def test_two_layer_export_names_and_reads_back(tmp_path, layout, monkeypatch):
     (target / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
                                                     "text_config": {"num_hidden_layers": 4, "hidden_size": H,
                                                                     "vocab_size": V}}))  # fmt: skip
-    monkeypatch.setattr("vllm_k2_plugin.train.target_weights.load_tensor", lambda t, name: model.embed_tokens)
+    monkeypatch.setattr("vllm_k2_tools.train.target_weights.load_tensor", lambda t, name: model.embed_tokens)
     out = tmp_path / "export"
     export(str(ck), {"draft": model.cfg.to_dict()}, str(target), str(out), layout=layout, dtype="float32")
     cfg = json.loads((out / "config.json").read_text())

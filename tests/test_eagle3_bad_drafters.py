@@ -10,8 +10,8 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from vllm_k2_plugin.fixtures import build_draft
 from vllm_k2_plugin.models.eagle3_checks import DraftCheckError, TargetShape, check_draft
+from vllm_k2_tools.fixtures import build_draft
 
 from .conftest import engine_env
 from .test_eagle3_spec import _config_jobs

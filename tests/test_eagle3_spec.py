@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from vllm_k2_plugin.fixtures import DRAFT_LAYOUTS, build_draft
+from vllm_k2_tools.fixtures import DRAFT_LAYOUTS, build_draft
 
 from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_batch
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from vllm_k2_plugin import fileio
-from vllm_k2_plugin.fixtures import build_fixture
+from vllm_k2_tools.fixtures import build_fixture
 
 from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_batch
 

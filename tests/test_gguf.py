@@ -19,10 +19,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vllm_k2_plugin.fixtures.gguf_writer import write_gguf  # gguf-py imported lazily
 from vllm_k2_plugin.gguf.files import GGUFLoadError, discover_shards
 from vllm_k2_plugin.gguf.loader import Options, iter_weights, make_plan
 from vllm_k2_plugin.gguf.names import deepseek2_name_map
+from vllm_k2_tools.fixtures.gguf_writer import write_gguf  # gguf-py imported lazily
 
 from .conftest import SMALL_ENGINE, engine_env, run_engine_batch, run_engine_job
 

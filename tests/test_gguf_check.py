@@ -34,7 +34,7 @@ def test_a_llamacpp_layout_gguf_passes(llamacpp_gguf, text_model, capsys):
 
 
 def test_k_b_not_transposed_fails_naming_the_tensor(text_model, tmp_path, capsys):
-    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
+    from vllm_k2_tools.fixtures.gguf_writer import write_gguf
 
     # [heads, nope, kv_lora]: k_b as HF slices it, without llama.cpp's transpose
     wrong = np.zeros((4, 128, 512), np.float32)

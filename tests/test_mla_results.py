@@ -8,7 +8,8 @@ import copy
 import json
 from pathlib import Path
 
-from vllm_k2_plugin.mla import bench, configs
+from vllm_k2_plugin.mla import configs
+from vllm_k2_tools.mla_bench import bench
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 DERIVED = ("kernel_gbps", "pct_copy", "of_roofline", "split_vs_roofline", "speedup", "kernel_speedup")

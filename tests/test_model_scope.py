@@ -77,7 +77,7 @@ def _tiny_llama(root) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vllm_k2_plugin.fixtures.tokenizer import build_tokenizer
+    from vllm_k2_tools.fixtures.tokenizer import build_tokenizer
 
     out = root / "tiny-llama"
     out.mkdir()
@@ -92,8 +92,8 @@ def _tiny_llama(root) -> str:
 def _drafter(root, target) -> str:
     """A random-weight EAGLE-3 drafter for the tiny Llama (the fixtures' legacy layout; its
     aux-layer ids also at the top level, where vLLM reads them)."""
-    from vllm_k2_plugin.fixtures import build_draft
-    from vllm_k2_plugin.fixtures.build import FixtureSpec
+    from vllm_k2_tools.fixtures import build_draft
+    from vllm_k2_tools.fixtures.build import FixtureSpec
 
     out = build_draft("legacy", str(root / "llama-eagle3"), target, spec=FixtureSpec(**GEOMETRY))
     path = f"{out}/config.json"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_k2_plugin.fixtures import build_draft
 from vllm_k2_plugin.patching import files
+from vllm_k2_tools.fixtures import build_draft
 
 from .conftest import REPO, engine_env
 
@@ -276,7 +276,7 @@ def test_gguf_patch_file_equals_runtime_twin(text_model, tmp_path):
     like the runtime patch; stock 0.16 cannot load it at all."""
     import vllm
 
-    from vllm_k2_plugin.fixtures.gguf_writer import write_gguf
+    from vllm_k2_tools.fixtures.gguf_writer import write_gguf
 
     from .conftest import SMALL_ENGINE, run_engine_job
 

@@ -51,7 +51,7 @@ def _python_016() -> str:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     """Run (or resume) the recipe in the 0.16 venv; return the work dir and timings."""
-    from vllm_k2_plugin.fixtures.trained_target import CI_RECIPE, write_tiny_recipe
+    from vllm_k2_tools.fixtures.trained_target import CI_RECIPE, write_tiny_recipe
 
     root = _e2e_dir(tmp_path_factory)
     recipe = write_tiny_recipe(str(root), **CI_RECIPE)

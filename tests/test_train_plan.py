@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_k2_plugin.train import plan as P
-from vllm_k2_plugin.train.hardware import GPUS, K25_DRAFT
+from vllm_k2_tools.train import plan as P
+from vllm_k2_tools.train.hardware import GPUS, K25_DRAFT
 
 pytestmark = pytest.mark.vllm_independent
 
@@ -68,7 +68,7 @@ def test_flops_match_hand_count():
 
 def test_draft_dims_match_draft_config():
     torch = pytest.importorskip("torch")
-    from vllm_k2_plugin.train.draft_model import DraftConfig, Eagle3Draft
+    from vllm_k2_tools.train.draft_model import DraftConfig, Eagle3Draft
 
     cfg = DraftConfig.kimi_k25(draft_vocab_size=32000)
     d = K25_DRAFT

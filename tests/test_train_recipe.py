@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from vllm_k2_plugin.cli import build_parser
-from vllm_k2_plugin.train.draft_model import DraftConfig, Eagle3Draft
-from vllm_k2_plugin.train.recipe import RecipeError, load_recipe, torchrun_command
+from vllm_k2_tools.train.draft_model import DraftConfig, Eagle3Draft
+from vllm_k2_tools.train.recipe import RecipeError, load_recipe, torchrun_command
 
 pytestmark = pytest.mark.vllm_independent
 

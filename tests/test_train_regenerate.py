@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_k2_plugin.fixtures.trained_target import DATA_DIR
-from vllm_k2_plugin.train.prepare import prepare
+from vllm_k2_tools.fixtures.trained_target import DATA_DIR
+from vllm_k2_tools.train.prepare import prepare
 
 pytestmark = pytest.mark.vllm_independent
 
@@ -108,7 +108,7 @@ def test_interrupted_regeneration_resumes_without_asking_again(tmp_path):
     try:
         data = _chats(tmp_path / "c.jsonl", 30)
         out = tmp_path / "out"
-        code = (f"from vllm_k2_plugin.train.prepare import prepare; prepare({DATA_DIR!r}, [{str(data)!r}], "
+        code = (f"from vllm_k2_tools.train.prepare import prepare; prepare({DATA_DIR!r}, [{str(data)!r}], "
                 f"{str(out)!r}, max_len=256, regenerate_url={slow.url!r}, concurrency=1)")  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,

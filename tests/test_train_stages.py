@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 import torch
 
-from vllm_k2_plugin.train import shards
-from vllm_k2_plugin.train.chats import ChatFormatError, read_chats
-from vllm_k2_plugin.train.vocab import build_maps
+from vllm_k2_tools.train import shards
+from vllm_k2_tools.train.chats import ChatFormatError, read_chats
+from vllm_k2_tools.train.vocab import build_maps
 
 from .conftest import REPO
 
@@ -58,7 +58,7 @@ def test_bad_chat_records_name_file_line_and_field(tmp_path, line, needle):
 
 
 def test_loss_mask_covers_exactly_the_assistant_turns(k25_model):
-    from vllm_k2_plugin.train.prepare import load_tokenizer, render
+    from vllm_k2_tools.train.prepare import load_tokenizer, render
 
     tok = load_tokenizer(k25_model)
     msgs = [CHAT[0], CHAT[1], {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok then"}]
@@ -85,7 +85,7 @@ def test_draft_vocab_maps():
 
 
 def test_storage_estimate_and_refusal(tmp_path):
-    from vllm_k2_plugin.train.extract import NotEnoughSpace, check_space, storage_bytes
+    from vllm_k2_tools.train.extract import NotEnoughSpace, check_space, storage_bytes
 
     assert storage_bytes(1, 7168, 3) == 57_344  # K2.5: 3 aux + final, bf16
     with pytest.raises(NotEnoughSpace, match="extract needs"):
@@ -122,7 +122,7 @@ def _synthetic_vocab(out) -> str:
     """A draft vocabulary of 3 in 4 target tokens (d2t/t2d as `vocab` writes them)."""
     from safetensors.torch import save_file
 
-    from vllm_k2_plugin.train.vocab import VOCAB_FILE
+    from vllm_k2_tools.train.vocab import VOCAB_FILE
 
     keep = torch.arange(1024)[torch.arange(1024) % 4 != 3]
     t2d = torch.zeros(1024, dtype=torch.bool)
@@ -207,8 +207,8 @@ def test_train_refuses_a_corrupted_shard(synthetic, tmp_path):
 def test_export_round_trip(synthetic, layout, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_k2_plugin.train.export import export, load_export
-    from vllm_k2_plugin.train.trainer import latest_weights
+    from vllm_k2_tools.train.export import export, load_export
+    from vllm_k2_tools.train.trainer import latest_weights
 
     run = synthetic["root"] / "run-ref"
     if not (run / "checkpoints" / "latest.json").exists():

@@ -14,8 +14,8 @@ import contextlib
 import pytest
 import torch
 
-from vllm_k2_plugin.train import draft_model as dm
-from vllm_k2_plugin.train import ttt
+from vllm_k2_tools.train import draft_model as dm
+from vllm_k2_tools.train import ttt
 
 
 def small_cfg(rep: int = 2) -> dm.DraftConfig:

@@ -43,7 +43,7 @@ def test_committed_results_are_the_reports_output(tmp_path, monkeypatch):
 
 def test_the_package_copy_is_the_results_file():
     """The planner reads the package's copy (a wheel carries it): one file, linked."""
-    from vllm_k2_plugin.train.plan import DEFAULT_CALIBRATION
+    from vllm_k2_tools.train.plan import DEFAULT_CALIBRATION
 
     assert RESULTS.resolve() == DEFAULT_CALIBRATION.resolve()
 

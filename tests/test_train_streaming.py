@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_k2_plugin.procs import stop_group
-from vllm_k2_plugin.train import shards, spool
-from vllm_k2_plugin.train.order import OrderError, SampleOrder
-from vllm_k2_plugin.train.recipe import RecipeError, load_recipe
+from vllm_k2_tools.procs import stop_group
+from vllm_k2_tools.train import shards, spool
+from vllm_k2_tools.train.order import OrderError, SampleOrder
+from vllm_k2_tools.train.recipe import RecipeError, load_recipe
 
 from .conftest import REPO, engine_env
 from .test_train_stages import _synthetic_shards, _synthetic_vocab
@@ -102,8 +102,8 @@ def test_training_restart_deletes_shards_recorded_released_but_left_on_disk(text
     """A training killed between recording a release and deleting the files: the restart
     deletes them (they count against the budget and are never free again: a deadlock)."""
     from vllm_k2_plugin import fileio
-    from vllm_k2_plugin.train.shards import ShardReader
-    from vllm_k2_plugin.train.stream import StreamFeed
+    from vllm_k2_tools.train.shards import ShardReader
+    from vllm_k2_tools.train.stream import StreamFeed
 
     d = _synthetic_shards(str(tmp_path / "spool"), text_model, n=12, per_shard=4)
     files = [e["file"] for e in shards.load_manifest(d)["shards"]]
@@ -305,7 +305,7 @@ def test_train_run_streams_through_vllm_survives_kills_and_matches_offline(tmp_p
     shards while training drains it; the extractor is SIGKILLed while it waits on the full
     spool, then the trainer mid-run; `train run` reports the dead halves, and its rerun
     finishes with the weights of an offline `train run` over the same samples."""
-    from vllm_k2_plugin.fixtures.trained_target import write_tiny_recipe
+    from vllm_k2_tools.fixtures.trained_target import write_tiny_recipe
 
     write_tiny_recipe(str(tmp_path), train_chats=32, eval_chats=1)
     body = """[target]

@@ -9,7 +9,7 @@
 * Public reference numbers (not ours) sit beside their source.
 * Every speed number in the README's table of measurements names its weight format and
   concurrency.
-* docs/layout.md names folders that exist and every folder of the package.
+* docs/layout.md names folders that exist and every folder of both packages (runtime and tools).
 """
 
 from __future__ import annotations
@@ -154,7 +154,13 @@ def test_layout_doc_matches_the_tree():
     paths = _layout_paths()
     missing = [p for p in paths if not (REPO / p).exists()]
     assert not missing, f"docs/layout.md names paths that do not exist: {missing}"
-    package = REPO / "vllm_k2_plugin"
-    folders = sorted(f"vllm_k2_plugin/{d.name}/" for d in package.iterdir() if d.is_dir() and d.name != "__pycache__")
+    # Both distributions' packages. A folder holding only __pycache__ is what a checkout keeps of a
+    # moved folder (git does not remove ignored files): not part of the tree.
+    folders = sorted(
+        f"{package}/{d.name}/"
+        for package in ("vllm_k2_plugin", "vllm_k2_tools")
+        for d in (REPO / package).iterdir()
+        if d.is_dir() and any(f.is_file() and "__pycache__" not in f.parts for f in d.rglob("*"))
+    )
     unnamed = [f for f in folders if f not in paths]
     assert not unnamed, f"docs/layout.md does not name these package folders: {unnamed}"

@@ -1,8 +1,8 @@
-"""The built wheel, installed (not editable), has every feature the CLI reads at run time:
-patch files, the planner's calibration, the trained tiny target. Run from outside the
-repository with only the wheel's copy of the package importable: doctor, patches check,
-train plan, an EAGLE-3 check (the drafter, then vLLM's engine config for the pair) and a
-GGUF check (where gguf-py is installed: the vLLM 0.16 engine)."""
+"""The built wheels, installed (not editable), have every feature the CLI reads at run time:
+the runtime wheel its patch files, the tools wheel the planner's calibration and the trained
+tiny target. Run from outside the repository with only the wheels' copies importable: doctor,
+patches check, train plan, an EAGLE-3 check (the drafter, then vLLM's engine config for the
+pair) and a GGUF check (where gguf-py is installed: the vLLM 0.16 engine)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vllm_k2_plugin import __version__
-from vllm_k2_plugin.fixtures import build_draft
+from vllm_k2_tools.fixtures import build_draft
 
 from .conftest import IS_016, engine_env
 
@@ -25,8 +25,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel_site(tmp_path_factory):
-    """The sdist, then the wheel built from the sdist (so the sdist is complete too), then
-    the wheel installed (not editable) into a folder of its own."""
+    """The runtime's sdist, then its wheel built from the sdist (so the sdist is complete too),
+    and the tools' wheel (built from the checkout: its package lives beside tools/, so it has no
+    sdist of its own), both installed (not editable) into a folder of their own."""
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(out), "sdist", "-d", str(out)],
                    cwd=REPO, check=True, capture_output=True, timeout=300)  # fmt: skip
@@ -35,10 +36,13 @@ def wheel_site(tmp_path_factory):
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(sdist)], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
     wheel = next(out.glob("vllm_k2_plugin-*.whl"))
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO / "tools")],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    tools = next(out.glob("vllm_k2_plugin_tools-*.whl"))
     site = out / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True,
-                   timeout=300)  # fmt: skip
-    return wheel, site
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel), str(tools)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    return wheel, tools, site
 
 
 def _cli(site, tmp_path, *args):
@@ -48,15 +52,19 @@ def _cli(site, tmp_path, *args):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
-def test_wheel_carries_package_data_and_one_version(wheel_site):
-    wheel, _ = wheel_site
+def test_wheels_carry_package_data_and_one_version(wheel_site):
+    wheel, tools, _ = wheel_site
     names = set(zipfile.ZipFile(wheel).namelist())
     for series in (REPO / "patches").glob("vllm-*/series"):
         for line in series.read_text().split():
             assert f"vllm_k2_plugin/patch_files/{series.parent.name}/{line}" in names
-    assert "vllm_k2_plugin/train/calibration/train_step_h200.json" in names
-    assert "vllm_k2_plugin/fixtures/data/tiny-trained/model-00001-of-00002.safetensors" in names
+    assert not [n for n in names if n.startswith("vllm_k2_tools/") or n.endswith(".safetensors")]
+    tool_names = set(zipfile.ZipFile(tools).namelist())
+    assert "vllm_k2_tools/train/calibration/train_step_h200.json" in tool_names
+    assert "vllm_k2_tools/fixtures/data/tiny-trained/model-00001-of-00002.safetensors" in tool_names
+    assert not [n for n in tool_names if n.startswith("vllm_k2_plugin/")]
     assert wheel.name.startswith(f"vllm_k2_plugin-{__version__}-")
+    assert tools.name.startswith(f"vllm_k2_plugin_tools-{__version__}-")
 
 
 #: every module the CLI runs below, and the package data it reads
@@ -64,7 +72,7 @@ PROBE = """
 import vllm_k2_plugin, vllm_k2_plugin.cli, vllm_k2_plugin.doctor, vllm_k2_plugin.patching.files as pf
 import vllm_k2_plugin.models.eagle3_checks as ec, vllm_k2_plugin.models.eagle3_engine_check as ee
 import vllm_k2_plugin.gguf.check as gc, vllm_k2_plugin.gguf.loader as gl
-from vllm_k2_plugin.train import plan
+from vllm_k2_tools.train import plan
 for m in (vllm_k2_plugin, vllm_k2_plugin.cli, vllm_k2_plugin.doctor, pf, ec, ee, gc, gl, plan):
     print(m.__file__)
 print(plan.DEFAULT_CALIBRATION)
@@ -73,7 +81,7 @@ print(pf.PATCHES_ROOT)
 
 
 def test_installed_wheel_runs_the_cli(wheel_site, tmp_path, k25_model, fixture_root):
-    _, site = wheel_site
+    _, _, site = wheel_site
     where = subprocess.run([sys.executable, "-c", PROBE], env={**engine_env(), "PYTHONPATH": str(site)}, cwd=tmp_path,
                            capture_output=True, text=True)  # fmt: skip
     paths = [line for line in where.stdout.splitlines() if line]
@@ -102,7 +110,7 @@ def test_installed_wheel_checks_a_gguf(wheel_site, tmp_path, text_model):
     pytest.importorskip("gguf")  # gguf-py ships with vLLM <= 0.23 (the 0.16 engine)
     from .gguf_llamacpp_writer import convert
 
-    _, site = wheel_site
+    _, _, site = wheel_site
     path = convert(text_model, str(tmp_path / "llamacpp.gguf"))
     r = _cli(site, tmp_path, "gguf", "check", path, "--hf-config-path", text_model, "--json")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]

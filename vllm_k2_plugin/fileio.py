@@ -1,6 +1,6 @@
 """Atomic file and directory writes (a reader sees the old version or the new one, never
 half of one: a killed stage must not leave a file that looks complete) and file digests.
-Shared by the fixtures, the speculators dataset writer and the training pipeline."""
+Shared by the runtime (traces, patch files) and the tools (fixtures, training, benchmarks)."""
 
 from __future__ import annotations
 

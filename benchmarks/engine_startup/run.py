@@ -30,7 +30,7 @@ REPO = HERE.parent.parent
 def child(result: Path, model_dir: Path) -> None:
     """The engine as a user starts it (issue 37's repro): the fixture, then LLM(...)."""
     t0 = time.time()
-    from vllm_k2_plugin.fixtures import build_fixture
+    from vllm_k2_tools.fixtures import build_fixture
 
     target = build_fixture("trained-text", str(model_dir))
     if os.environ.get("ENGINE_STARTUP_OMP_BEFORE") == "1":  # a user's own torch CPU work before LLM(...)
@@ -148,7 +148,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     model_dir = a.out / "target"
     if not a.fresh_fixture:
-        from vllm_k2_plugin.fixtures import build_fixture
+        from vllm_k2_tools.fixtures import build_fixture
 
         build_fixture("trained-text", str(model_dir))  # once, before the engines race for it
     variants = [spec.partition("=")[::2] for spec in a.variants]

@@ -73,7 +73,8 @@ def main() -> int:
         p.error("--out or --report is required")
     import torch
 
-    from vllm_k2_plugin.mla import bench, launcher, reference
+    from vllm_k2_plugin.mla import launcher, reference
+    from vllm_k2_tools.mla_bench import bench
 
     t0 = time.time()
     ext = build(args.verbose_build)

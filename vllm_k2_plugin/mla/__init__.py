@@ -6,10 +6,10 @@ has no full CUDA graphs and no fp8 KV cache (research vllm-0.16-internals.md §5
 
 Modules: ``kernel`` (the two Triton kernels), ``configs`` (block sizes, stages, split
 count; shared-memory fit), ``launcher`` (torch entry point, workspaces), ``reference``
-(float64), ``aot`` (compile every launcher config for sm_120 / sm_90), ``stock`` (vLLM
-0.16's kernel loaded from the wheel, for the benchmark only), ``bench``, ``backend``
+(float64), ``aot`` (compile every launcher config for sm_120 / sm_90), ``backend``
 (the vLLM 0.16 subclass), ``vllm_adapter`` (where those vLLM pieces live, per version)
-and ``patch`` (the registry declaration).
+and ``patch`` (the registry declaration). The benchmark (``vllm-k2 bench mla``, with vLLM
+0.16's stock kernel and the memory roofline) is in the tools: ``vllm_k2_tools.mla_bench``.
 
 Importing this package imports neither torch, triton nor vLLM.
 """

@@ -14,7 +14,8 @@ from collections import Counter
 
 import torch
 
-from .. import fileio
+from vllm_k2_plugin import fileio
+
 from .prepare import read_samples
 
 VOCAB_FILE = "vocab.safetensors"

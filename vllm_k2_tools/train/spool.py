@@ -23,7 +23,7 @@ import contextlib
 import os
 import time
 
-from .. import fileio
+from vllm_k2_plugin import fileio
 
 WAITING = "extract.waiting.json"
 RELEASED = "released.json"

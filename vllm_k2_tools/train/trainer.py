@@ -31,7 +31,8 @@ from dataclasses import asdict
 
 import torch
 
-from .. import fileio
+from vllm_k2_plugin import fileio
+
 from .config import TrainConfig
 from .draft_model import DraftConfig, Eagle3Draft
 from .order import SampleOrder
@@ -45,7 +46,7 @@ from .vocab import load_vocab
 def draft_config_for(target: str, draft_vocab_size: int, aux_layer_ids: list[int], **overrides) -> DraftConfig:
     """The draft geometry for a target: SpecForge's K2.5 draft for hidden 7168, else one
     Llama layer shaped like the target's attention (heads, hidden, dense MLP width)."""
-    from ..hf_config import read_text_config
+    from vllm_k2_plugin.hf_config import read_text_config
 
     text = read_text_config(target)
     hidden, vocab = int(text["hidden_size"]), int(text["vocab_size"])

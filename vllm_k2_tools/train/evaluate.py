@@ -21,7 +21,8 @@ import os
 import torch
 from tqdm import tqdm
 
-from .. import fileio
+from vllm_k2_plugin import fileio
+
 from .export import load_export
 from .shards import ShardReader
 from .target_weights import LM_HEAD, load_tensor

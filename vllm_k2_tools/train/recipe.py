@@ -36,8 +36,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (setup.py installs tomli there)
     import tomli as tomllib
 
-from .. import fileio
-from ..procs import start_group, stop_group
+from vllm_k2_plugin import fileio
+from vllm_k2_tools.procs import start_group, stop_group
 
 STAGES = ("prepare", "prepare_eval", "extract", "extract_eval", "vocab", "train", "export", "eval")
 
@@ -227,7 +227,8 @@ def run(recipe_path: str, log=print) -> dict:
             lambda: extract(model, d["prepare_eval"], d["extract_eval"], log=log, **x),
             after=("prepare_eval",),
         )
-    from ..hf_config import read_text_config
+    from vllm_k2_plugin.hf_config import read_text_config
+
     from .vocab import build_vocab
 
     voc = r.get("vocab", {})
@@ -357,7 +358,7 @@ def _regeneration_server(prep: dict, model: str, log):
     if not how:
         yield None
     elif how == "serve":
-        from vllm_k2_plugin.bench.server import vllm_server
+        from vllm_k2_tools.bench.server import vllm_server
 
         log(f"[prepare] starting a vLLM server for {model} to regenerate assistant turns")
         with vllm_server(model, list(prep.get("serve_args", []))) as url:

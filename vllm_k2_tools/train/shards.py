@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .. import fileio
+from vllm_k2_plugin import fileio
 
 MANIFEST = "manifest.json"
 

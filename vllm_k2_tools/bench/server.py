@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import requests
 
-from ..procs import start_group, stop_group
+from vllm_k2_tools.procs import start_group, stop_group
 
 
 def free_port() -> int:

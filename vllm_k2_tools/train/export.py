@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from .. import fileio
+from vllm_k2_plugin import fileio
+
 from .draft_model import DraftConfig, Eagle3Draft
 
 LAYOUTS = ("speculators", "legacy")
@@ -45,7 +46,7 @@ def llama_layer_config(cfg: DraftConfig, dtype: str) -> dict:
 
 
 def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int) -> dict:
-    from ..hf_config import read_text_config
+    from vllm_k2_plugin.hf_config import read_text_config
 
     with open(os.path.join(target, "config.json")) as f:
         target_arch = json.load(f).get("architectures", [])
@@ -107,7 +108,7 @@ def export(
     """checkpoint: a draft.safetensors of a training run; state: its state.json."""
     from safetensors.torch import load_file, save_file
 
-    from ..hf_config import read_text_config
+    from vllm_k2_plugin.hf_config import read_text_config
 
     cfg = DraftConfig(**state["draft"])
     dtype = dtype or read_text_config(target).get("torch_dtype") or "bfloat16"

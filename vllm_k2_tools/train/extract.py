@@ -20,8 +20,9 @@ import shutil
 
 from tqdm import tqdm
 
-from .. import fileio
-from ..hf_config import default_aux_layer_ids, read_text_config
+from vllm_k2_plugin import fileio
+from vllm_k2_plugin.hf_config import default_aux_layer_ids, read_text_config
+
 from . import shards, spool
 from .prepare import read_samples
 

@@ -26,7 +26,7 @@ import math
 import os
 import time
 
-from . import configs
+from vllm_k2_plugin.mla import configs
 
 SM_SCALE = 1.0 / math.sqrt(192)
 PAGE = 16
@@ -134,7 +134,7 @@ def pick_variants(torch, timer: Timer, pools: dict, k_scale, pool_pages: int) ->
     """Time every variant that fits on VARIANT_PROBES (launcher's split choice); move a
     variant to the front of configs.PREFERENCE only if it beats the committed first one
     by PICK_MARGIN (geomean). Returns one record per (KV dtype, variant)."""
-    from . import launcher
+    from vllm_k2_plugin.mla import launcher
 
     dev = torch.device("cuda")
     limits = launcher.device_limits(0)
@@ -172,7 +172,7 @@ def pick_variants(torch, timer: Timer, pools: dict, k_scale, pool_pages: int) ->
 
 def split_sweep(torch, timer: Timer, pools: dict, k_scale, pool_pages: int) -> list[dict]:
     """Kernel-only time of SPLIT_PROBES at many split counts (and the launcher's pick)."""
-    from . import launcher
+    from vllm_k2_plugin.mla import launcher
 
     dev = torch.device("cuda")
     limits = launcher.device_limits(0)
@@ -219,7 +219,8 @@ def run(
     import torch
     import triton
 
-    from . import launcher
+    from vllm_k2_plugin.mla import launcher
+
     from .stock import flatten_spec, load, stock_decode
 
     dev = torch.device("cuda")
@@ -422,7 +423,7 @@ def table(result: dict) -> str:
 
 def write(result: dict, path: str, command: str) -> None:
     """The raw JSON (with the command) and, beside it, the Markdown report."""
-    from ..fileio import write_text
+    from vllm_k2_plugin.fileio import write_text
 
     result = {**result, "command": command, "users_model": users_model(result)}
     write_text(path, json.dumps(result, indent=1) + "\n")

@@ -27,7 +27,7 @@ custom specs), it prints each figure with its formula inputs:
   spool) is not implemented, so it gets no verdict.
 
 ``register_cli(subparsers)`` adds the ``plan`` sub-command; ``python -m
-vllm_k2_plugin.train.plan`` runs it stand-alone.
+vllm_k2_tools.train.plan`` runs it stand-alone.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pathlib import Path
 from .hardware import GPUS, H200_KEY, K25, K25_DRAFT, GPUSpec
 
 #: Package data (benchmarks/results/train_step_h200.json links here), so a wheel carries it.
-DEFAULT_CALIBRATION = Path(str(resources.files("vllm_k2_plugin.train") / "calibration" / "train_step_h200.json"))
+DEFAULT_CALIBRATION = Path(str(resources.files("vllm_k2_tools.train") / "calibration" / "train_step_h200.json"))
 #: Written by benchmarks/prefill_throughput.py on an H200 (K2.5 slice, dummy weights); absent until measured.
-DEFAULT_PREFILL = Path(str(resources.files("vllm_k2_plugin.train") / "calibration" / "prefill_h200.json"))
+DEFAULT_PREFILL = Path(str(resources.files("vllm_k2_tools.train") / "calibration" / "prefill_h200.json"))
 #: Fraction of bf16 dense peak the target's prefill is ASSUMED to reach when nothing is measured.
 ASSUMED_PREFILL_EFFICIENCY = 0.30
 HOURS_VS_DAYS_H = 24.0  # the verdict's threshold: end-to-end wall time below this is "hours"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from .. import fileio
+from vllm_k2_plugin import fileio
 
 
 def _fmt(x, digits=2):

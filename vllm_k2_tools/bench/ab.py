@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..settings import ENV_SPEC_GUARD
+from vllm_k2_plugin.settings import ENV_SPEC_GUARD
+
 from .client import run_load
 from .metrics import scrape
 from .server import ServerFailed, vllm_server

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from .. import fileio
+from vllm_k2_plugin import fileio
 
 
 def load_manifest(out_dir: str) -> dict:

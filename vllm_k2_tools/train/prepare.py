@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from .. import fileio
+from vllm_k2_plugin import fileio
+
 from .chats import read_chats
 
 

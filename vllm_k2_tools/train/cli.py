@@ -60,7 +60,8 @@ def _extract(a) -> int:
 
 
 def _vocab(a) -> int:
-    from ..hf_config import read_text_config
+    from vllm_k2_plugin.hf_config import read_text_config
+
     from .vocab import build_vocab
 
     target_vocab = int(read_text_config(a.target)["vocab_size"])
