@@ -8,8 +8,9 @@ generator raises "CPU Generator does not use offset" and the engine dies. Seen o
 with and without speculation (stock, plugin off: a seeded request beside a prompt chunked by
 ``max_num_batched_tokens``); 0.16 has the same code.
 
-Fix, on the CPU platform only: before the step samples, the states of the generators whose
-sample will be thrown away are saved; the wind-back restores them instead (the same effect: the
+Fix, on the CPU platform only: when the step's forward has been prepared (``execute_model``, which
+marks the rows whose sample will be thrown away; ``sample_tokens`` samples afterwards) the states
+of those rows' generators are saved; the wind-back restores them instead (the same effect: the
 thrown-away sample consumed nothing).
 """
 
@@ -37,23 +38,21 @@ def _cpu_generators(runner, rows: list[int]) -> dict[int, object]:
     return {i: generators[i] for i in rows if i in generators and generators[i].device.type == "cpu"}
 
 
-def _wrap_sample_tokens(original):
-    def sample_tokens(self, *args, **kwargs):
-        # before the sampler draws: what the thrown-away samples must not consume
+def _wrap_execute_model(original):
+    def execute_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        # the rows are marked, nothing is drawn yet: what the thrown-away samples must not consume
         saved = {i: g.get_state() for i, g in _cpu_generators(self, _discarded(self)).items()}
         setattr(self, SAVED, saved)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            setattr(self, SAVED, {})
+        return result
 
-    return sample_tokens
+    return execute_model
 
 
 def _wrap_bookkeeping(original):
     def _bookkeeping_sync(self, *args, **kwargs):
-        saved = getattr(self, SAVED, None) or {}
-        generators = self.input_batch.generators
+        saved, generators = getattr(self, SAVED, None) or {}, self.input_batch.generators
+        setattr(self, SAVED, {})  # one step's
         # vLLM winds back each generator it finds: hand it none of ours, restore them ourselves
         held = {i: generators.pop(i) for i in saved if i in generators}
         try:
@@ -109,5 +108,5 @@ def _apply(ctx: PatchContext) -> None:
     from vllm.v1.worker import gpu_model_runner
 
     ctx.target()
-    ctx.wrap(gpu_model_runner.GPUModelRunner, "sample_tokens", _wrap_sample_tokens)
+    ctx.wrap(gpu_model_runner.GPUModelRunner, "execute_model", _wrap_execute_model)
     ctx.wrap(gpu_model_runner.GPUModelRunner, "_bookkeeping_sync", _wrap_bookkeeping)
