@@ -115,7 +115,8 @@ def add_parsers(sub) -> None:
     ab.add_argument("--serve-args", default="", help="identical extra `vllm serve` arguments for every mode")
     ab.add_argument(
         "--prompts",
-        help="JSONL ({'prompt': ...}) or text file, or random[:N] (random token ids); default: built-in chat/code/math",
+        help="JSONL ({'prompt': ...}, optional 'temperature', 'seed') or text file, random[:N] (random token ids), "
+        "load[:N] (a serving load: shared prefixes, short to long, half sampled with seeds); default: chat/code/math",
     )
     ab.add_argument("--limit", type=int, help="use only the first N prompts")
     ab.add_argument("--concurrency", type=_positive_ints, default=[1, 4], help="comma list, e.g. 1,4,8")

@@ -89,15 +89,21 @@ def _summarize(results) -> dict:
     tps = [r.tokens_per_s for r in results]
     ttft = [r.ttft_s for r in results]
     tpot = [r.tpot_s for r in results if r.tpot_s is not None]
-    return {
+    latency = [r.latency_s for r in results]
+    out = {
         "requests": len(results),
+        "sampled_requests": sum(not r.greedy for r in results),
         "output_tokens": sum(r.output_tokens for r in results),
         "tok_per_s_per_request_median": statistics.median(tps) if tps else None,
         "ttft_s_median": statistics.median(ttft) if ttft else None,
-        "ttft_s_p90": _percentile(ttft, 0.9),
         "tpot_s_median": statistics.median(tpot) if tpot else None,
-        "tpot_s_p90": _percentile(tpot, 0.9),
     }
+    for q in (0.5, 0.9, 0.99):
+        tag = f"p{round(q * 100)}"
+        out[f"ttft_s_{tag}"] = _percentile(ttft, q)
+        out[f"tpot_s_{tag}"] = _percentile(tpot, q)
+        out[f"latency_s_{tag}"] = _percentile(latency, q)
+    return out
 
 
 def _run_mode(cfg: ABConfig, mode: Mode, url: str) -> dict:
@@ -107,16 +113,20 @@ def _run_mode(cfg: ABConfig, mode: Mode, url: str) -> dict:
     before = scrape(url)
     out = {"by_concurrency": {}, "texts": None}
     for c in cfg.concurrency:
+        at_start = scrape(url)
         t0 = time.perf_counter()
         results = run_load(url, cfg.served_model_name, cfg.prompts, c, cfg.max_tokens)
         wall = time.perf_counter() - t0
         s = _summarize(results)
         s["aggregate_tok_per_s"] = s["output_tokens"] / wall if wall > 0 else None
+        step = scrape(url) - at_start  # this concurrency's own counters: acceptance under its load
+        s["acceptance"], s["preemptions"] = step.derived(), step.preemptions
         out["by_concurrency"][str(c)] = s
-        if out["texts"] is None:
-            out["texts"] = [r.text for r in sorted(results, key=lambda r: r.prompt_index)]
+        if out["texts"] is None:  # greedy requests' texts (sampled ones may differ between modes)
+            out["texts"] = [r.text if r.greedy else None for r in sorted(results, key=lambda r: r.prompt_index)]
     delta = scrape(url) - before
     out["spec_counters"] = {
+        "preemptions": delta.preemptions,
         "drafts": delta.drafts,
         "draft_tokens": delta.draft_tokens,
         "accepted_tokens": delta.accepted,
@@ -180,12 +190,27 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
                 for r in rounds
                 if "error" not in r.get(mode.name, {"error": 1}) and "error" not in r.get(base, {"error": 1})
             ]
+            both = [r for r in rounds
+                    if "error" not in r.get(mode.name, {"error": 1}) and "error" not in r.get(base, {"error": 1})]
+            pairs = [(r[mode.name]["by_concurrency"][c].get("aggregate_tok_per_s"),
+                      r[base]["by_concurrency"][c].get("aggregate_tok_per_s")) for r in both]  # fmt: skip
+            agg = [a / b for a, b in pairs if a and b]
             entry[c] = {
                 "tok_per_s_median": statistics.median(tps) if tps else None,
                 "ratio_vs_baseline_median": statistics.median(ratios) if ratios else None,
                 "ratio_vs_baseline_min": min(ratios) if ratios else None,
                 "ratio_vs_baseline_max": max(ratios) if ratios else None,
+                # throughput of the whole load (what a server with many users sees)
+                "aggregate_ratio_vs_baseline_median": statistics.median(agg) if agg else None,
+                "preemptions": sum(r["by_concurrency"][c].get("preemptions", 0.0) for r in ok),
             }
+            for key in ("aggregate_tok_per_s", "ttft_s_p50", "ttft_s_p99", "tpot_s_p50", "tpot_s_p99"):
+                xs = [r["by_concurrency"][c].get(key) for r in ok]
+                xs = [x for x in xs if x is not None]
+                entry[c][f"{key}_median"] = statistics.median(xs) if xs else None
+            taus = [(r["by_concurrency"][c].get("acceptance") or {}).get("mean_acceptance_length") for r in ok]
+            taus = [t for t in taus if t is not None]
+            entry[c]["mean_acceptance_length_median"] = statistics.median(taus) if taus else None
         total = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
         per_pos: list[float] = []
         for r in ok:
@@ -209,7 +234,8 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
             None
             if base_texts is None or not summary[m.name]["rounds_ok"]
             else [i for r in rounds if "error" not in r.get(m.name, {"error": 1})
-                  for i, (a, b) in enumerate(zip(r[m.name]["texts"], base_texts, strict=True)) if a != b]
+                  for i, (a, b) in enumerate(zip(r[m.name]["texts"], base_texts, strict=True))
+                  if a is not None and b is not None and a != b]
         )
         for m in cfg.modes
     }  # fmt: skip

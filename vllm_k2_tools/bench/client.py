@@ -17,6 +17,7 @@ class RequestResult:
     output_tokens: int
     ttft_s: float
     latency_s: float
+    greedy: bool = True
 
     @property
     def tpot_s(self) -> float | None:
@@ -27,15 +28,25 @@ class RequestResult:
         return self.output_tokens / self.latency_s if self.latency_s > 0 else 0.0
 
 
-def chat(url: str, model: str, index: int, prompt: str, max_tokens: int, timeout: float = 600) -> RequestResult:
+def request_body(model: str, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> dict:
+    """A streaming chat request; greedy unless the prompt says otherwise (greedy outputs must be
+    identical across modes: the lossless check)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
-        "temperature": 0.0,  # greedy: outputs must be identical across modes (lossless check)
+        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def chat(url: str, model: str, index: int, prompt: str, max_tokens: int, timeout: float = 600,
+         temperature: float = 0.0, seed: int | None = None) -> RequestResult:  # fmt: skip
+    body = request_body(model, prompt, max_tokens, temperature, seed)
     t0 = time.perf_counter()
     ttft, parts, tokens = None, [], 0
     with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
@@ -53,10 +64,15 @@ def chat(url: str, model: str, index: int, prompt: str, max_tokens: int, timeout
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
     latency = time.perf_counter() - t0
-    return RequestResult(index, "".join(parts), tokens, ttft if ttft is not None else latency, latency)
+    return RequestResult(index, "".join(parts), tokens, ttft if ttft is not None else latency, latency,
+                         greedy=temperature == 0.0)  # fmt: skip
 
 
 def run_load(url: str, model: str, prompts: list[dict], concurrency: int, max_tokens: int) -> list[RequestResult]:
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(chat, url, model, i, p["prompt"], max_tokens) for i, p in enumerate(prompts)]
+        futures = [
+            pool.submit(chat, url, model, i, p["prompt"], max_tokens,
+                        temperature=p.get("temperature", 0.0), seed=p.get("seed"))
+            for i, p in enumerate(prompts)
+        ]  # fmt: skip
         return [f.result() for f in futures]

@@ -8,6 +8,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "vllm:spec_decode_"
+PREEMPTIONS = "vllm:num_preemptions"
 
 
 @dataclass
@@ -16,6 +17,7 @@ class SpecCounters:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_position: dict[int, float] = field(default_factory=dict)
+    preemptions: float = 0.0  # vllm:num_preemptions (not a speculation counter; read alongside)
 
     def __sub__(self, other: SpecCounters) -> SpecCounters:
         keys = set(self.per_position) | set(other.per_position)
@@ -24,6 +26,7 @@ class SpecCounters:
             self.draft_tokens - other.draft_tokens,
             self.accepted - other.accepted,
             {k: self.per_position.get(k, 0.0) - other.per_position.get(k, 0.0) for k in sorted(keys)},
+            self.preemptions - other.preemptions,
         )
 
     def derived(self) -> dict:
@@ -42,6 +45,8 @@ def scrape(base_url: str, timeout: float = 10.0) -> SpecCounters:
     text = requests.get(f"{base_url}/metrics", timeout=timeout).text
     c = SpecCounters()
     for family in text_string_to_metric_families(text):
+        if family.name == PREEMPTIONS:
+            c.preemptions += sum(x.value for x in family.samples if x.name.endswith("_total"))
         if not family.name.startswith(PREFIX):
             continue
         for sample in family.samples:

@@ -12,6 +12,11 @@ def _fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _sampled(prompts: list[dict]) -> str:
+    n = sum(1 for p in prompts if p.get("temperature", 0.0) > 0)
+    return "greedy" if not n else f"{len(prompts) - n} greedy and {n} sampled with their own seeds"
+
+
 def markdown(result: dict) -> str:
     cfg, summary = result["config"], result["summary"]
     lines = [
@@ -24,7 +29,8 @@ def markdown(result: dict) -> str:
             else []
         ),
         f"{cfg['rounds']} round(s), modes alternating; {len(cfg['prompts'])} prompts, max_tokens {cfg['max_tokens']}, "
-        "greedy. Ratios are per round against the baseline, median [min, max].",
+        f"{_sampled(cfg['prompts'])}. Ratios are per round against the baseline, median [min, max]; "
+        "lossless compares the greedy requests' outputs.",
         "",
         "| mode | concurrency | tok/s per request | ratio vs baseline | acceptance rate | mean acceptance length | "
         "per-position acceptance | lossless |",
@@ -46,6 +52,27 @@ def markdown(result: dict) -> str:
             )
         for err in e["errors"]:
             lines.append(f"\n**{m['name']} failed**: `{err.splitlines()[0][:300]}`")
+    lines += [
+        "",
+        "Under load, per concurrency (medians over rounds): throughput of the whole load, latency "
+        "percentiles over its requests, acceptance length measured at that concurrency, preemptions.",
+        "",
+        "| mode | concurrency | tok/s, all requests | ratio vs baseline | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | "
+        "mean acceptance length | preemptions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in cfg["modes"]:
+        e = summary[m["name"]]
+        for c in map(str, cfg["concurrency"]):
+            s = e[c]
+            tpot = [None if x is None else 1e3 * x for x in (s.get("tpot_s_p50_median"), s.get("tpot_s_p99_median"))]
+            lines.append(
+                f"| {m['name']} | {c} | {_fmt(s.get('aggregate_tok_per_s_median'), 1)} | "
+                f"{_fmt(s.get('aggregate_ratio_vs_baseline_median'))} | "
+                f"{_fmt(s.get('ttft_s_p50_median'))} / {_fmt(s.get('ttft_s_p99_median'))} | "
+                f"{_fmt(tpot[0], 1)} / {_fmt(tpot[1], 1)} | {_fmt(s.get('mean_acceptance_length_median'))} | "
+                f"{_fmt(s.get('preemptions'), 0)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +112,25 @@ def plots(result: dict, out_dir: str) -> list[str]:
         ax.legend()
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "acceptance_per_position.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    # under load: the whole load's throughput and the slowest requests' time per token, by concurrency
+    conc = [int(c) for c in cfg["concurrency"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for n in names:
+        agg = [summary[n][str(c)].get("aggregate_tok_per_s_median") for c in conc]
+        p99 = [summary[n][str(c)].get("tpot_s_p99_median") for c in conc]
+        left.plot(conc, [a or 0 for a in agg], marker="o", label=n)
+        right.plot(conc, [1e3 * (p or 0) for p in p99], marker="o", label=n)
+    for ax, label, title in ((left, "output tok/s, all requests", "Throughput under load"),
+                             (right, "time per output token, p99 (ms)", "Slowest requests")):  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "load.png"))
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
