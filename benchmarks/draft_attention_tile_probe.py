@@ -108,12 +108,28 @@ def main(argv=None) -> int:
                         torch.empty(rows, HEADS_Q, segs, dtype=torch.float32, device="cuda"),
                     )
                     kw = dict(
-                        q=q, k=kc, v=vc, out=out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=seq,
-                        max_seqlen_k=ctx, softmax_scale=scale, causal=True, window_size=(-1, -1),
-                        block_table=bt, softcap=0.0, q_descale=None, k_descale=ones, v_descale=ones,
-                        seq_threshold_3D=16, num_par_softmax_segments=segs, softmax_segm_output=scratch[0],
-                        softmax_segm_max=scratch[1], softmax_segm_expsum=scratch[2],
-                    )  # fmt: skip
+                        q=q,
+                        k=kc,
+                        v=vc,
+                        out=out,
+                        cu_seqlens_q=cu,
+                        max_seqlen_q=1,
+                        seqused_k=seq,
+                        max_seqlen_k=ctx,
+                        softmax_scale=scale,
+                        causal=True,
+                        window_size=(-1, -1),
+                        block_table=bt,
+                        softcap=0.0,
+                        q_descale=None,
+                        k_descale=ones,
+                        v_descale=ones,
+                        seq_threshold_3D=16,
+                        num_par_softmax_segments=segs,
+                        softmax_segm_output=scratch[0],
+                        softmax_segm_max=scratch[1],
+                        softmax_segm_expsum=scratch[2],
+                    )
                     kw = {k: v for k, v in kw.items() if k in accepted}
                     run = lambda kw=kw: ua.unified_attention(**kw)  # noqa: E731
                     try:
@@ -122,15 +138,29 @@ def main(argv=None) -> int:
                         err = float((out.float() - ref).norm() / ref.norm())
                         times = timer.kernel_us(run)
                     except Exception as e:  # noqa: BLE001 - a config the kernel refuses: recorded
-                        rows_out.append({"ctx": ctx, "rows": rows, "tile": tile, "segments": segs,
-                                         "error": f"{type(e).__name__}: {str(e)[:200]}"})  # fmt: skip
+                        rows_out.append(
+                            {
+                                "ctx": ctx,
+                                "rows": rows,
+                                "tile": tile,
+                                "segments": segs,
+                                "error": f"{type(e).__name__}: {str(e)[:200]}",
+                            }
+                        )
                         print("ERR", ctx, rows, tile, segs, e, flush=True)
                         continue
                     us = sum(v for k, v in times.items())
                     mb = 2 * ctx * HEADS_KV * HEAD * 2 / 1e6
-                    rec = {"ctx": ctx, "rows": rows, "tile": tile, "segments": segs, "us": round(us, 2),
-                           "kernels": {k: round(v, 2) for k, v in times.items()}, "rel_err": err,
-                           "tb_s": round(mb / us, 3)}  # fmt: skip
+                    rec = {
+                        "ctx": ctx,
+                        "rows": rows,
+                        "tile": tile,
+                        "segments": segs,
+                        "us": round(us, 2),
+                        "kernels": {k: round(v, 2) for k, v in times.items()},
+                        "rel_err": err,
+                        "tb_s": round(mb / us, 3),
+                    }
                     rows_out.append(rec)
                     print(json.dumps(rec), flush=True)
             ua._get_tile_size = stock_tile
@@ -166,8 +196,10 @@ def _probe_table(d: dict, name: str) -> list[str]:
         if "error" in r:
             L.append(f"| {r['ctx']} | {r['rows']} | {r['tile']} | {r['segments']} | {r['error']} | | |")
         else:
-            L.append(f"| {r['ctx']} | {r['rows']} | {r['tile']} | {r['segments']} | {r['us']} | {r['tb_s']} | "
-                     f"{r['rel_err']:.1e} |")  # fmt: skip
+            L.append(
+                f"| {r['ctx']} | {r['rows']} | {r['tile']} | {r['segments']} | {r['us']} | {r['tb_s']} | "
+                f"{r['rel_err']:.1e} |"
+            )
     return L + [""]
 
 
@@ -195,10 +227,13 @@ def _call_table(call: str, runs: dict, folder: str) -> list[str]:
     L = [
         f"### Call {call} ({dates[0]} .. {dates[-1]}), vLLM {plain['vllm']} ({plain['engine_route']})",
         "",
-        "| case | " + " | ".join(CASE_PATCHES) + " | decode tile used (check: ours / vLLM's) | "
-        + " | ".join(f"{int(c) // 1024}k ms (/ plain)" for c in plain["contexts"]) + " |",
+        "| case | "
+        + " | ".join(CASE_PATCHES)
+        + " | decode tile used (check: ours / vLLM's) | "
+        + " | ".join(f"{int(c) // 1024}k ms (/ plain)" for c in plain["contexts"])
+        + " |",
         "|---|" + "---|" * (len(CASE_PATCHES) + 1) + "---:|" * len(plain["contexts"]),
-    ]  # fmt: skip
+    ]
     for n, r in runs.items():
         ms = {c: r["contexts"][c]["step_ms"] for c in plain["contexts"]}
         cells = [f"{ms[c]} ({ms[c] / plain['contexts'][c]['step_ms']:.3f})" for c in plain["contexts"]]
@@ -227,7 +262,7 @@ def report(folder: str) -> int:
         "patch draft-attention-segments (4 rows x 64 segments = two waves of the H200's 132 SMs). Every output "
         "within the stated relative L2 difference of a float32 reference. TB/s = the context's K and V bytes / time.",
         "",
-    ]  # fmt: skip
+    ]
     for p in sorted(glob.glob(os.path.join(folder, "dattn_tile_probe*.json"))):
         L += _probe_table(json.load(open(p)), os.path.basename(p))
     calls: dict[str, dict] = {}

@@ -45,10 +45,14 @@ ROPE = {
 }
 EAGER = "dg-prof-slice-eagle3-k3-eager"
 #: suite dgdepthprof (profiled, 4k) and dgdepth (request-timed): the slice at 6 and 12 layers
-DEPTH_PROF = {6: {"plain": "dg-depthprof6-plain", "eagle3": "dg-depthprof6-eagle3-k3"},
-              12: {"plain": "dg-depthprof12-plain", "eagle3": "dg-depthprof12-eagle3-k3"}}  # fmt: skip
-DEPTH_STEPS = {6: {"plain": "dg-depth6-plain", "eagle3": "dg-depth6-eagle3-k3"},
-               12: {"plain": "dg-depth12-plain", "eagle3": "dg-depth12-eagle3-k3"}}  # fmt: skip
+DEPTH_PROF = {
+    6: {"plain": "dg-depthprof6-plain", "eagle3": "dg-depthprof6-eagle3-k3"},
+    12: {"plain": "dg-depthprof12-plain", "eagle3": "dg-depthprof12-eagle3-k3"},
+}
+DEPTH_STEPS = {
+    6: {"plain": "dg-depth6-plain", "eagle3": "dg-depth6-eagle3-k3"},
+    12: {"plain": "dg-depth12-plain", "eagle3": "dg-depth12-eagle3-k3"},
+}
 K25_LAYERS = 61
 #: suite dgdeep: the 24-layer slice, one folder of raw cases per device call (lease)
 DEEP_DIR = "dgdeep"
@@ -71,8 +75,12 @@ H12_PROF = {"plain": "dg12prof-plain", "eagle3": "dg12prof-eagle3-k3-ownhead"}
 #: suite dg24stock: stock vLLM 0.20 (none of our GPU patches) against every patch of ours on the
 #: 24-layer slice, request-timed steps per device call, one call profiled
 STOCK24_DIR = "dg24stock"
-STOCK24 = {("ours", "plain"): "ours-plain", ("ours", "eagle3"): "ours-eagle3-k3-ownhead",
-           ("stock", "plain"): "stock-plain", ("stock", "eagle3"): "stock-eagle3-k3-ownhead"}  # fmt: skip
+STOCK24 = {
+    ("ours", "plain"): "ours-plain",
+    ("ours", "eagle3"): "ours-eagle3-k3-ownhead",
+    ("stock", "plain"): "stock-plain",
+    ("stock", "eagle3"): "stock-eagle3-k3-ownhead",
+}
 #: kernels of a step by role (names as the profiler gives them; matched by substring)
 KERNEL_ROLES = {
     "MoE experts": ("fused_moe_kernel",),
@@ -120,10 +128,12 @@ def depth_fit(runs: dict[str, dict]) -> dict:
         "step_61_modelled": round(f["eagle3"]["step_ms_at_61"] / f["plain"]["step_ms_at_61"], 2),
     }
     out["request_timed"] = {
-        layers: {mode: {ctx: runs[name]["contexts"][ctx]["step_ms"] for ctx in runs[name]["contexts"]}
-                 for mode, name in cases.items()}
+        layers: {
+            mode: {ctx: runs[name]["contexts"][ctx]["step_ms"] for ctx in runs[name]["contexts"]}
+            for mode, name in cases.items()
+        }
         for layers, cases in DEPTH_STEPS.items()
-    }  # fmt: skip
+    }
     return out
 
 
@@ -134,22 +144,32 @@ def deep_summary(leases: dict[str, dict[str, dict]], fit: dict) -> dict:
     out: dict = {}
     for lease, runs in sorted(leases.items()):
         plain = runs.get(DEEP_PLAIN)
-        rec: dict = {"dates": sorted({r["date"][:16] for r in runs.values()}), "steps": {}, "profiled": {},
-                     "code": {name: _code(r) for name, r in runs.items()}}  # fmt: skip
+        rec: dict = {
+            "dates": sorted({r["date"][:16] for r in runs.values()}),
+            "steps": {},
+            "profiled": {},
+            "code": {name: _code(r) for name, r in runs.items()},
+        }
         # plain first: the rows of a call read against it
         for name, r in sorted(runs.items(), key=lambda kv: (kv[0] not in (DEEP_PLAIN, DEEP_PROF_PLAIN), kv[0])):
             if "contexts" in r and isinstance(r["contexts"], dict) and r["case"]["task"] == "steps":
                 rec["steps"][name] = {
-                    ctx: {"step_ms": v["step_ms"],
-                          "over_plain": round(v["step_ms"] / plain["contexts"][ctx]["step_ms"], 2) if plain else None}
+                    ctx: {
+                        "step_ms": v["step_ms"],
+                        "over_plain": round(v["step_ms"] / plain["contexts"][ctx]["step_ms"], 2) if plain else None,
+                    }
                     for ctx, v in r["contexts"].items()
-                }  # fmt: skip
+                }
             elif "profile" in r:
                 busy = r["profile"]["gpu_busy_ms_per_step"]
                 top = r["profile"].get("top_kernels_ms_per_step", {})
-                row = {"context": (r["case"].get("contexts") or [4096])[0], "wall_ms_per_step": r["wall_ms_per_step"],
-                       "gpu_busy_ms_per_step": busy, "kernels_per_step": r["profile"]["kernels_per_step"],
-                       "attention_ms": {k: top.get(k) for k in ATTENTION_KERNELS}}  # fmt: skip
+                row = {
+                    "context": (r["case"].get("contexts") or [4096])[0],
+                    "wall_ms_per_step": r["wall_ms_per_step"],
+                    "gpu_busy_ms_per_step": busy,
+                    "kernels_per_step": r["profile"]["kernels_per_step"],
+                    "attention_ms": {k: top.get(k) for k in ATTENTION_KERNELS},
+                }
                 pplain = _profiled_plain(runs, r)
                 if pplain is not None and "spec" in r["case"]:
                     row["wall_over_plain"] = round(r["wall_ms_per_step"] / pplain["wall_ms_per_step"], 2)
@@ -198,9 +218,14 @@ def attention_32k(deep: dict) -> dict | None:
     before, after, plain = (found.get(k) for k in (CODE_LABELS["absent"], CODE_LABELS["applied"], "plain"))
     if not (before and after and plain):
         return None
-    return {"before": before, "after": after, "plain": plain,
-            "busy_over_plain": [round(x["gpu_busy_ms_per_step"] / plain["gpu_busy_ms_per_step"], 2)
-                                for x in (before, after)]}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "plain": plain,
+        "busy_over_plain": [
+            round(x["gpu_busy_ms_per_step"] / plain["gpu_busy_ms_per_step"], 2) for x in (before, after)
+        ],
+    }
 
 
 #: The verify step's MLA kernel and the drafter's attention (TRITON_ATTN), as the profiler names them.
@@ -218,25 +243,48 @@ def _code(r: dict) -> str:
 
 def _profiled_plain(runs: dict[str, dict], r: dict) -> dict | None:
     """The same call's profiled plain case (no drafter) of the same model and context."""
-    return next((p for p in runs.values() if p is not r and "profile" in p and "spec" not in p["case"]
-                 and p["case"]["model"] == r["case"]["model"]
-                 and p["case"].get("contexts") == r["case"].get("contexts")), None)  # fmt: skip
+    return next(
+        (
+            p
+            for p in runs.values()
+            if p is not r
+            and "profile" in p
+            and "spec" not in p["case"]
+            and p["case"]["model"] == r["case"]["model"]
+            and p["case"].get("contexts") == r["case"].get("contexts")
+        ),
+        None,
+    )
 
 
 def host_over_plain(leases: dict[str, dict[str, dict]], top: int = 14) -> dict:
     """The last call with both profiled cases: cProfile's inclusive ms per step of the
     EAGLE-3 step's top functions beside the plain step's (None: not in the plain step's
     top list), largest first."""
-    lease = next((k for k in sorted(leases, reverse=True)
-                  if DEEP_PROF_PLAIN in leases[k] and DEEP_PROF_OWN in leases[k]), None)  # fmt: skip
+    lease = next(
+        (k for k in sorted(leases, reverse=True) if DEEP_PROF_PLAIN in leases[k] and DEEP_PROF_OWN in leases[k]), None
+    )
     if lease is None:
         return {}
     spec, plain = (leases[lease][n]["host"] for n in (DEEP_PROF_OWN, DEEP_PROF_PLAIN))
     base = {r["fn"]: r["incl_ms"] for r in plain["by_inclusive"]}
-    rows = [{"fn": "/".join(r["fn"].split("/")[-2:]), "calls": r["calls"], "spec_ms": r["incl_ms"],
-             "plain_ms": base.get(r["fn"])} for r in spec["by_inclusive"][:top]]  # fmt: skip
-    return {"lease": lease, "profiled_ms_per_step": {"eagle3": spec["wall_ms_per_step_profiled"],
-            "plain": plain["wall_ms_per_step_profiled"]}, "rows": rows}  # fmt: skip
+    rows = [
+        {
+            "fn": "/".join(r["fn"].split("/")[-2:]),
+            "calls": r["calls"],
+            "spec_ms": r["incl_ms"],
+            "plain_ms": base.get(r["fn"]),
+        }
+        for r in spec["by_inclusive"][:top]
+    ]
+    return {
+        "lease": lease,
+        "profiled_ms_per_step": {
+            "eagle3": spec["wall_ms_per_step_profiled"],
+            "plain": plain["wall_ms_per_step_profiled"],
+        },
+        "rows": rows,
+    }
 
 
 def _load_leases(raw: Path) -> dict[str, dict[str, dict]]:
@@ -262,13 +310,21 @@ def backend_summary(raw: Path) -> dict | None:
             errors = [ln.strip() for ln in log if "Error" in ln]
             out[key] = {"ran": False, "error": errors[-1][-300:] if errors else "no result and no error line"}
             continue
-        row = {"ran": True, "date": r["date"], "tok_s": r["single_stream"]["tok_s"],
-               "patches": {p: r["patches"].get(p) for p in BACKEND_PATCHES},
-               "log": [ln for ln in r.get("log_lines", []) if "EAGLE drafter attention" in ln]}  # fmt: skip
+        row = {
+            "ran": True,
+            "date": r["date"],
+            "tok_s": r["single_stream"]["tok_s"],
+            "patches": {p: r["patches"].get(p) for p in BACKEND_PATCHES},
+            "log": [ln for ln in r.get("log_lines", []) if "EAGLE drafter attention" in ln],
+        }
         if key != "plain":
-            row.update(vs_plain=round(r["single_stream"]["tok_s"] / plain["single_stream"]["tok_s"], 3),
-                       spec=r["spec"], greedy_vs_plain=e2e.compare_greedy(plain, r),
-                       drafter_attention=r.get("drafter_attention"), draft_graphs=r.get("draft_graphs"))  # fmt: skip
+            row.update(
+                vs_plain=round(r["single_stream"]["tok_s"] / plain["single_stream"]["tok_s"], 3),
+                spec=r["spec"],
+                greedy_vs_plain=e2e.compare_greedy(plain, r),
+                drafter_attention=r.get("drafter_attention"),
+                draft_graphs=r.get("draft_graphs"),
+            )
         out[key] = row
     return out
 
@@ -296,9 +352,19 @@ def backend_markdown(b: dict) -> list[str]:
             continue
         g = r["draft_graphs"] or {}
         graphs = f"captured {g.get('captured')}, {g.get('replays')} replays, {g.get('failed')} failed" if g else "-"
-        lines.append(_row(label, r["tok_s"], f"**{r['vs_plain']:.2f}**", ", ".join(r["drafter_attention"] or []),
-                          graphs, r["spec"]["drafts"], r["spec"]["accepted"], e2e._fmt_div(r["greedy_vs_plain"]),
-                          states))  # fmt: skip
+        lines.append(
+            _row(
+                label,
+                r["tok_s"],
+                f"**{r['vs_plain']:.2f}**",
+                ", ".join(r["drafter_attention"] or []),
+                graphs,
+                r["spec"]["drafts"],
+                r["spec"]["accepted"],
+                e2e._fmt_div(r["greedy_vs_plain"]),
+                states,
+            )
+        )
     said = sorted({ln for r in b.values() if r["ran"] for ln in r["log"]})
     lines += ["", "Log lines of the backend choice:", ""] + [f"    {ln}" for ln in said] + [""]
     return lines
@@ -307,9 +373,13 @@ def backend_markdown(b: dict) -> list[str]:
 def _step_profile(r: dict) -> dict:
     """Per step of a profiled case: unprofiled wall, GPU busy, GPU idle gaps, host waits, kernels."""
     pr = r["profile"]
-    return {"wall_ms": r["wall_ms_per_step"], "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
-            "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"], "host_wait_ms": pr["host_waits"]["ms_per_step"],
-            "kernels": pr["kernels_per_step"]}  # fmt: skip
+    return {
+        "wall_ms": r["wall_ms_per_step"],
+        "gpu_busy_ms": pr["gpu_busy_ms_per_step"],
+        "gpu_idle_ms": pr["gpu_idle"]["ms_per_step"],
+        "host_wait_ms": pr["host_waits"]["ms_per_step"],
+        "kernels": pr["kernels_per_step"],
+    }
 
 
 def _request_spread(r: dict) -> float:
@@ -330,23 +400,38 @@ def host_bound_summary(raw: Path) -> dict | None:
             dates += [r["date"] for r in runs.values()]
             for label, (plain, spec) in HOST_BOUND_ROUNDS.items():
                 p, e = runs[f"{suite}-{plain}"]["contexts"], runs[f"{suite}-{spec}"]["contexts"]
-                calls.append({
-                    "layers": layers, "call": d.name, "round": label,
-                    "contexts": {c: {"plain_ms": p[c]["step_ms"], "eagle3_ms": e[c]["step_ms"],
-                                     "ratio": round(e[c]["step_ms"] / p[c]["step_ms"], 2),
-                                     "spread_plain": _request_spread(p[c]), "spread_eagle3": _request_spread(e[c]),
-                                     "accepted": e[c]["spec"]["accepted"]} for c in p},
-                })  # fmt: skip
+                calls.append(
+                    {
+                        "layers": layers,
+                        "call": d.name,
+                        "round": label,
+                        "contexts": {
+                            c: {
+                                "plain_ms": p[c]["step_ms"],
+                                "eagle3_ms": e[c]["step_ms"],
+                                "ratio": round(e[c]["step_ms"] / p[c]["step_ms"], 2),
+                                "spread_plain": _request_spread(p[c]),
+                                "spread_eagle3": _request_spread(e[c]),
+                                "accepted": e[c]["spec"]["accepted"],
+                            }
+                            for c in p
+                        },
+                    }
+                )
             if H12_PROF["plain"] in runs:
                 prof = {}
                 for key, name in H12_PROF.items():
                     r, pr = runs[name], runs[name]["profile"]
                     moe = sum(k["ms"] for k in pr["kernels_full_names"] if k["kernel"] == "fused_moe_kernel")
-                    prof[key] = {**_step_profile(r), "profiled_wall_ms": pr["wall_ms_per_step"],
-                                 "fused_moe_ms": round(moe, 4), "call": d.name,
-                                 # the first dg12 call profiled with Python stacks (an attribution
-                                 # of host waits to frames, since dropped: it found none)
-                                 "python_stacks": bool(r["case"].get("sync_stacks"))}  # fmt: skip
+                    prof[key] = {
+                        **_step_profile(r),
+                        "profiled_wall_ms": pr["wall_ms_per_step"],
+                        "fused_moe_ms": round(moe, 4),
+                        "call": d.name,
+                        # the first dg12 call profiled with Python stacks (an attribution
+                        # of host waits to frames, since dropped: it found none)
+                        "python_stacks": bool(r["case"].get("sync_stacks")),
+                    }
                 prof["eagle3_idle_gaps"] = runs[H12_PROF["eagle3"]]["profile"]["gpu_idle"]["by_neighbours"][:6]
     if not calls:
         return None
@@ -375,8 +460,12 @@ def stock24_summary(raw: Path) -> dict | None:
             ctx = {}
             for c in runs[f"dg24s-{STOCK24['ours', 'plain']}"]["contexts"]:
                 x = {f"{b}_{m}_ms": runs[f"dg24s-{n}"]["contexts"][c]["step_ms"] for (b, m), n in STOCK24.items()}
-                x.update({f"{b}_{m}_spread": _request_spread(runs[f"dg24s-{n}"]["contexts"][c])
-                          for (b, m), n in STOCK24.items()})  # fmt: skip
+                x.update(
+                    {
+                        f"{b}_{m}_spread": _request_spread(runs[f"dg24s-{n}"]["contexts"][c])
+                        for (b, m), n in STOCK24.items()
+                    }
+                )
                 for b in ("ours", "stock"):
                     x[f"{b}_ratio"] = round(x[f"{b}_eagle3_ms"] / x[f"{b}_plain_ms"], 2)
                 for m in ("plain", "eagle3"):
@@ -387,10 +476,16 @@ def stock24_summary(raw: Path) -> dict | None:
             pr = r.get("profile", {})
             if "moe_sort_per_step" in pr:
                 on = [g for g in e2e.gpu_patches() if r["patches"].get(g) == "applied"]
-                sorts.append({"call": d.name, "case": name, **pr["moe_sort_per_step"],
-                              "gpu_patches_applied": on if r["case"].get("backend") == "stock" else len(on),
-                              "moe-group-tokens-by-expert": r["patches"].get("moe-group-tokens-by-expert"),
-                              "fused_moe_ms": pr["top_kernels_ms_per_step"].get("fused_moe_kernel")})  # fmt: skip
+                sorts.append(
+                    {
+                        "call": d.name,
+                        "case": name,
+                        **pr["moe_sort_per_step"],
+                        "gpu_patches_applied": on if r["case"].get("backend") == "stock" else len(on),
+                        "moe-group-tokens-by-expert": r["patches"].get("moe-group-tokens-by-expert"),
+                        "fused_moe_ms": pr["top_kernels_ms_per_step"].get("fused_moe_kernel"),
+                    }
+                )
         if f"dg24sprof-{STOCK24['ours', 'plain']}" in runs:
             prof = {"call": d.name}
             for (b, m), n in STOCK24.items():
@@ -421,11 +516,22 @@ def stock24_markdown(h: dict) -> list[str]:
     for call in h["calls"]:
         for c in ctxs:
             x = call["contexts"][c]
-            lines.append(_row(call["call"], f"{int(c) // 1024}k", x["ours_plain_ms"], x["ours_eagle3_ms"],
-                              f"**{x['ours_ratio']}**", x["stock_plain_ms"], x["stock_eagle3_ms"],
-                              x["stock_ratio"], x["speedup_plain"], x["speedup_eagle3"],
-                              f"{x['ours_plain_spread']} / {x['ours_eagle3_spread']}",
-                              f"{x['stock_plain_spread']} / {x['stock_eagle3_spread']}"))  # fmt: skip
+            lines.append(
+                _row(
+                    call["call"],
+                    f"{int(c) // 1024}k",
+                    x["ours_plain_ms"],
+                    x["ours_eagle3_ms"],
+                    f"**{x['ours_ratio']}**",
+                    x["stock_plain_ms"],
+                    x["stock_eagle3_ms"],
+                    x["stock_ratio"],
+                    x["speedup_plain"],
+                    x["speedup_eagle3"],
+                    f"{x['ours_plain_spread']} / {x['ours_eagle3_spread']}",
+                    f"{x['stock_plain_spread']} / {x['stock_eagle3_spread']}",
+                )
+            )
     if h.get("moe_sorts"):
         lines += [
             "",
@@ -439,8 +545,17 @@ def stock24_markdown(h: dict) -> list[str]:
         ]
         for x in h["moe_sorts"]:
             on = x["gpu_patches_applied"]
-            lines.append(_row(x["call"], x["case"], x["moe-group-tokens-by-expert"], x["calls"], x["ms"],
-                              x["fused_moe_ms"], ", ".join(on) if isinstance(on, list) else on))  # fmt: skip
+            lines.append(
+                _row(
+                    x["call"],
+                    x["case"],
+                    x["moe-group-tokens-by-expert"],
+                    x["calls"],
+                    x["ms"],
+                    x["fused_moe_ms"],
+                    ", ".join(on) if isinstance(on, list) else on,
+                )
+            )
     p = h["profiled"]
     if p is None:
         return lines + [""]
@@ -459,9 +574,19 @@ def stock24_markdown(h: dict) -> list[str]:
     for b in ("stock", "ours"):
         for m, label in (("plain", "plain"), ("eagle3", "EAGLE-3 k=3")):
             r = p[f"{b}_{m}"]
-            lines.append(_row(b, label, r["wall_ms"], r["gpu_busy_ms"], round(r["wall_ms"] - r["gpu_busy_ms"], 3),
-                              r["gpu_idle_ms"], r["host_wait_ms"], r["kernels"],
-                              *(r["roles"][k] or "-" for k in roles)))  # fmt: skip
+            lines.append(
+                _row(
+                    b,
+                    label,
+                    r["wall_ms"],
+                    r["gpu_busy_ms"],
+                    round(r["wall_ms"] - r["gpu_busy_ms"], 3),
+                    r["gpu_idle_ms"],
+                    r["host_wait_ms"],
+                    r["kernels"],
+                    *(r["roles"][k] or "-" for k in roles),
+                )
+            )
     so, oo = p["stock_eagle3"], p["ours_eagle3"]
     lines += [
         "",
@@ -523,9 +648,19 @@ def host_bound_markdown(h: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in (("plain", p["plain"]), ("EAGLE-3 k=3", e)):
-        lines.append(_row(label, r["wall_ms"], r["gpu_busy_ms"], round(r["wall_ms"] - r["gpu_busy_ms"], 3),
-                          r["profiled_wall_ms"], r["gpu_idle_ms"], r["host_wait_ms"], r["kernels"],
-                          r["fused_moe_ms"]))  # fmt: skip
+        lines.append(
+            _row(
+                label,
+                r["wall_ms"],
+                r["gpu_busy_ms"],
+                round(r["wall_ms"] - r["gpu_busy_ms"], 3),
+                r["profiled_wall_ms"],
+                r["gpu_idle_ms"],
+                r["host_wait_ms"],
+                r["kernels"],
+                r["fused_moe_ms"],
+            )
+        )
     lines += [
         "",
         f"EAGLE-3 over plain: wall {round(e['wall_ms'] / p['plain']['wall_ms'], 2)}, GPU busy "
@@ -953,8 +1088,17 @@ def deep_markdown(d: dict) -> list[str]:
             cells = (r["wall_ms_per_step"], r["gpu_busy_ms_per_step"], r["kernels_per_step"])
             attn = " / ".join("-" if v is None else str(v) for v in r["attention_ms"].values())
             over = (r.get("wall_over_plain", "-"), r.get("busy_over_plain", "-"))
-            lines.append(_row(lease, DEEP_LABELS.get(name, name), d[lease]["code"][name],
-                              f"{r['context'] // 1024}k", *cells, attn, *over))  # fmt: skip
+            lines.append(
+                _row(
+                    lease,
+                    DEEP_LABELS.get(name, name),
+                    d[lease]["code"][name],
+                    f"{r['context'] // 1024}k",
+                    *cells,
+                    attn,
+                    *over,
+                )
+            )
     a = d.get("attention_32k")
     if a:
         (mb, ub), (ma, ua) = (x["attention_ms"].values() for x in (a["before"], a["after"]))
@@ -971,7 +1115,7 @@ def deep_markdown(d: dict) -> list[str]:
                 for k in leases
                 for n, r in d[k]["profiled"].items()
                 if n == DEEP_PROF_PLAIN
-            )  # fmt: skip
+            )
             + " ms).",
         ]
     if d.get("noisy_rounds"):
@@ -982,7 +1126,7 @@ def deep_markdown(d: dict) -> list[str]:
                 f"{n['lease']} {DEEP_LABELS.get(n['case'], n['case'])} at {int(n['context']) // 1024}k: "
                 f"{', '.join(str(t) for t in n['request_s'])} s"
                 for n in d["noisy_rounds"]
-            )  # fmt: skip
+            )
             + ". The code was the same in every round of a row; what moved is not measured.",
         ]
     spread = {n: v for k in leases for n, v in d[k].get("experts_spread_router", {}).items()}
@@ -1015,8 +1159,10 @@ def deep_markdown(d: dict) -> list[str]:
             "| function | calls per step | EAGLE-3 | plain |",
             "|---|---|---|---|",
         ]
-        lines += [_row(f"`{r['fn']}`", r["calls"], r["spec_ms"], "-" if r["plain_ms"] is None else r["plain_ms"])
-                  for r in h["rows"]]  # fmt: skip
+        lines += [
+            _row(f"`{r['fn']}`", r["calls"], r["spec_ms"], "-" if r["plain_ms"] is None else r["plain_ms"])
+            for r in h["rows"]
+        ]
     return lines
 
 

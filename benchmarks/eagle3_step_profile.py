@@ -48,12 +48,18 @@ PROBES = [
     ("draft: drafter model forward", "model_executor/models/llama_eagle3.py", "forward"),
     ("rejection sampler", "v1/sample/rejection_sampler.py", "forward"),
     # vLLM's CPU ops for the speculative step's bookkeeping (Triton kernels on GPU)
-    ("cpu op: eagle_prepare_inputs_padded", "~",
-     "<built-in method torch._ops._C.eagle_prepare_inputs_padded_kernel_impl>"),
-    ("cpu op: eagle_prepare_next_token_padded", "~",
-     "<built-in method torch._ops._C.eagle_prepare_next_token_padded_kernel_impl>"),
+    (
+        "cpu op: eagle_prepare_inputs_padded",
+        "~",
+        "<built-in method torch._ops._C.eagle_prepare_inputs_padded_kernel_impl>",
+    ),
+    (
+        "cpu op: eagle_prepare_next_token_padded",
+        "~",
+        "<built-in method torch._ops._C.eagle_prepare_next_token_padded_kernel_impl>",
+    ),
     ("cpu op: rejection_greedy_sample", "~", "<built-in method torch._ops._C.rejection_greedy_sample_kernel_impl>"),
-]  # fmt: skip
+]
 
 
 def _probe(stats: pstats.Stats) -> dict:
@@ -90,11 +96,17 @@ def run(
     wall = time.perf_counter() - t0
     probes = _probe(pstats.Stats(prof))
     steps = probes.get("engine step (total)", {}).get("calls") or 1
-    result = {"draft": draft, "k": 0 if k0 or not draft else k, "tokens": tokens, "wall_s": wall,
-              "tok_per_s": tokens / wall,
-              "engine_steps": steps, "tokens_per_step": tokens / steps,
-              "per_step_ms": {lab: 1000 * v["seconds"] / steps for lab, v in probes.items()},
-              "calls": {lab: v["calls"] for lab, v in probes.items()}}  # fmt: skip
+    result = {
+        "draft": draft,
+        "k": 0 if k0 or not draft else k,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_per_s": tokens / wall,
+        "engine_steps": steps,
+        "tokens_per_step": tokens / steps,
+        "per_step_ms": {lab: 1000 * v["seconds"] / steps for lab, v in probes.items()},
+        "calls": {lab: v["calls"] for lab, v in probes.items()},
+    }
     if draft:
         m = {x.name: getattr(x, "value", None) for x in llm.get_metrics() if "spec_decode" in x.name}
         drafts = m.get("vllm:spec_decode_num_drafts") or 0
@@ -113,10 +125,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", "--json", dest="out", help="write the rows here (JSON)")
     ap.add_argument("--with-k0", action="store_true", help="also the drafter scheduled at k = 0 (vLLM >= 0.32)")
-    ap.add_argument("--guard-k0", action="store_true",
-                    help="baseline and k = 0 only, with the speculation guard's patches on (vLLM >= 0.32)")  # fmt: skip
-    ap.add_argument("--guard", action="store_true",
-                    help="baseline and the drafter at --k with the speculation guard choosing k per step")  # fmt: skip
+    ap.add_argument(
+        "--guard-k0",
+        action="store_true",
+        help="baseline and k = 0 only, with the speculation guard's patches on (vLLM >= 0.32)",
+    )
+    ap.add_argument(
+        "--guard",
+        action="store_true",
+        help="baseline and the drafter at --k with the speculation guard choosing k per step",
+    )
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: profiled
     # fixed k per engine (the guard would change it mid-run), unless k = 0 under the guard is asked for
@@ -125,8 +143,10 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(a.target)
     users = [json.loads(x)["prompt"] for x in open(a.prompts)][: a.limit] if a.prompts else ["def fibonacci(n):"]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
-               for u in users]  # fmt: skip
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
+        for u in users
+    ]
     engine = dict(dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True, trust_remote_code=True)
     rows = [run(a.target, None, 0, prompts, a.max_tokens, engine)]
     if not a.guard_k0:

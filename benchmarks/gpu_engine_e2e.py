@@ -39,9 +39,14 @@ DEEP_LAYERS = 24  # slice24: 23 MoE layers x 4.2 GB of bf16 experts fit one H200
 GEN = 129  # tokens generated for a timing; the first comes from the prefill
 STEP_ROUNDS = 5  # interleaved (1-token, GEN-token) request pairs per context
 CUDAGRAPH_LOG = (
-    "CUDAGraphMode", "cudagraph_mode", "Capturing CUDA graphs", "self-check", "draft step", "EAGLE drafter attention",
+    "CUDAGraphMode",
+    "cudagraph_mode",
+    "Capturing CUDA graphs",
+    "self-check",
+    "draft step",
+    "EAGLE drafter attention",
     "grouped GGUF MoE",
-)  # fmt: skip
+)
 
 # --------------------------------------------------------------------------- models
 
@@ -55,15 +60,23 @@ W4A16_EXPERTS = {
     "config_groups": {
         "group_0": {
             "targets": ["Linear"],
-            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group",
-                        "dynamic": False, "actorder": None, "observer": "minmax"},
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "group_size": 32,
+                "strategy": "group",
+                "dynamic": False,
+                "actorder": None,
+                "observer": "minmax",
+            },
             "input_activations": None,
             "output_activations": None,
         }
     },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
     "kv_cache_scheme": None,
-}  # fmt: skip
+}
 
 
 def slice_config() -> dict:
@@ -195,13 +208,17 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
         str(dest / "slice24-draft-tp8" / "config.json"),
         export_config(
             "legacy",
-            dataclasses.replace(draft, num_key_value_heads=1, draft_vocab_size=32_000 // 8,
-                                aux_layer_ids=[2, DEEP_LAYERS // 2, DEEP_LAYERS - 3]),
+            dataclasses.replace(
+                draft,
+                num_key_value_heads=1,
+                draft_vocab_size=32_000 // 8,
+                aux_layer_ids=[2, DEEP_LAYERS // 2, DEEP_LAYERS - 3],
+            ),
             str(dest / "slice24"),
             "bfloat16",
             k=3,
         ),
-    )  # fmt: skip
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tok = AutoTokenizer.from_pretrained(build_fixture("trained-text", tmp))
     held = [f for f in tt.stdlib_files() if tt.is_heldout(f)]
@@ -443,10 +460,12 @@ def run_case(case: dict) -> dict:
             result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
             # top-2 logprob margin per generated token: explains a divergence between backends
             result["margins"] = [
-                [round(lp[t].logprob - max((v.logprob for i, v in lp.items() if i != t), default=-1e9), 4)
-                 for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
+                [
+                    round(lp[t].logprob - max((v.logprob for i, v in lp.items() if i != t), default=-1e9), 4)
+                    for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)
+                ]
                 for o in outs
-            ]  # fmt: skip
+            ]
             result["text0"] = outs[0].outputs[0].text[:160]
             result["counters_greedy"] = llm.collective_rpc(_read_counters, args=(True,))[0]
             # single stream: 1 warm-up, then best of 3, 256 tokens of the first prompt
@@ -481,11 +500,14 @@ def run_case(case: dict) -> dict:
                 steps = (dn["drafts"] - d1["drafts"]) if spec else (len(toks) - 1)
                 step_ms = 1000 * (statistics.median(tns) - statistics.median(t1s)) / max(steps, 1)
                 result["contexts"][str(ctx)] = {
-                    "step_ms": round(step_ms, 3), "steps": steps, "tokens": len(toks) - 1,
-                    "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3), "spec": dn,
+                    "step_ms": round(step_ms, 3),
+                    "steps": steps,
+                    "tokens": len(toks) - 1,
+                    "tokens_per_step": round((len(toks) - 1) / max(steps, 1), 3),
+                    "spec": dn,
                     "request_s": {"1": [round(t, 5) for t in t1s], str(GEN): [round(t, 5) for t in tns]},
                     "counters": llm.collective_rpc(_read_counters, args=(True,))[0],
-                }  # fmt: skip
+                }
         elif case["task"] in ("profile", "hostprof"):  # in-process engine (case_env): profilers see it all
             if "contexts" in case:
                 rng = random.Random(0)
@@ -577,7 +599,7 @@ def profile_steps(run, stacks: bool = False) -> dict:
                 "ms": round(o.device_time_total / 1000 / steps, 4),
             }
             for o in by_op[:25]
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -643,11 +665,16 @@ def _copy_stacks(prof, steps: int, top: int = 12) -> list[dict]:
         ms[key] += e.device_time_total
         calls[key] += 1
     return [
-        {"op": op, "shapes": shapes, "stack": list(frames), "calls": round(calls[k] / steps, 2),
-         "ms": round(ms[k] / 1000 / steps, 4)}
+        {
+            "op": op,
+            "shapes": shapes,
+            "stack": list(frames),
+            "calls": round(calls[k] / steps, 2),
+            "ms": round(ms[k] / 1000 / steps, 4),
+        }
         for k, _ in ms.most_common(top)
         for op, shapes, frames in [k]
-    ]  # fmt: skip
+    ]
 
 
 def host_profile(run, top: int = 45) -> dict:
@@ -770,28 +797,41 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
             summary["greedy"][f"{a} vs {b}"] = compare_greedy(runs[a], runs[b])
     tiny = {n: r for n, r in runs.items() if n.startswith("tiny-")}
     if tiny:
-        L += ["## Trained tiny target (8 layers, hidden 256, 4 MLA heads, vocab 1024)", "",
-              "Single stream, 256 tokens of held-out prompt 0 (best of 3); counters over those 4 x 256 tokens: "
-              "attention-metadata builds (decode batches by query length; prefill batches) and Python calls of "
-              "the MLA prefill path (`forward_mha`, per layer).", "",
-              "| case | impl | CUDA graphs (vLLM's log) | tok/s | ms/step | decode batches | prefill batches | forward_mha |",  # noqa: E501
-              "|---|---|---|---:|---:|---|---:|---:|"]  # fmt: skip
+        L += [
+            "## Trained tiny target (8 layers, hidden 256, 4 MLA heads, vocab 1024)",
+            "",
+            "Single stream, 256 tokens of held-out prompt 0 (best of 3); counters over those 4 x 256 tokens: "
+            "attention-metadata builds (decode batches by query length; prefill batches) and Python calls of "
+            "the MLA prefill path (`forward_mha`, per layer).",
+            "",
+            "| case | impl | CUDA graphs (vLLM's log) | tok/s | ms/step | decode batches | prefill batches | forward_mha |",  # noqa: E501
+            "|---|---|---|---:|---:|---|---:|---:|",
+        ]
         for n, r in sorted(tiny.items()):
             c = r.get("counters_single_stream", {})
             dec = ", ".join(f"q{k.rsplit('_q', 1)[1]}: {v}" for k, v in sorted(c.items()) if k.startswith("decode"))
-            L.append(f"| {n} | {r['impls']} | {graph_modes(r)} | {r['single_stream']['tok_s']} | {_step_ms(r)} | "
-                     f"{dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |")  # fmt: skip
-        L += ["", "### Greedy tokens, 12 held-out prompts x 64 tokens (batched)", "",
-              "| runs compared | prompts identical (divergences: prompt:token, top-1 margin in each run) |",
-              "|---|---|"]  # fmt: skip
+            L.append(
+                f"| {n} | {r['impls']} | {graph_modes(r)} | {r['single_stream']['tok_s']} | {_step_ms(r)} | "
+                f"{dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |"
+            )
+        L += [
+            "",
+            "### Greedy tokens, 12 held-out prompts x 64 tokens (batched)",
+            "",
+            "| runs compared | prompts identical (divergences: prompt:token, top-1 margin in each run) |",
+            "|---|---|",
+        ]
         L += [f"| {k} | {_fmt_div(v)} |" for k, v in summary["greedy"].items() if k.startswith("tiny")]
         L.append("")
         fault = tiny.get("tiny-ours-fault-smem")
         if fault:
             line = next((ln for ln in fault.get("log_lines", []) if "check failed" in ln), "")
-            L += ["Self-check fallback on the GPU (`tests/mla_faults.py`, `MLA_FAULT=smem`: a variant needing "
-                  f"more shared memory than the H200 has): impl {fault['impls']}, log: "
-                  f"`...{line.strip()}`", ""]  # fmt: skip
+            L += [
+                "Self-check fallback on the GPU (`tests/mla_faults.py`, `MLA_FAULT=smem`: a variant needing "
+                f"more shared memory than the H200 has): impl {fault['impls']}, log: "
+                f"`...{line.strip()}`",
+                "",
+            ]
         plain = tiny.get("tiny-ours-graphs")
         spec_rows = []
         for n in ("tiny-stock-eagle3-k3", "tiny-ours-eagle3-k3", "tiny-ours-ngram-k3"):
@@ -807,26 +847,42 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
                 "tau": round(1 + sp["accepted"] / max(sp["drafts"], 1), 3),
             }
             summary[n] = v
-            spec_rows.append(f"| {n} | {v['tok_s']} | {v['ms_per_step']} | {v['vs_plain_ours_graphs']} | {v['tau']} | "
-                             f"{v['acceptance_per_position']} |")  # fmt: skip
+            spec_rows.append(
+                f"| {n} | {v['tok_s']} | {v['ms_per_step']} | {v['vs_plain_ours_graphs']} | {v['tau']} | "
+                f"{v['acceptance_per_position']} |"
+            )
         if spec_rows:
-            L += ["### Speculation with the tiny pair (single stream, CUDA graphs)", "",
-                  "The pair is tiny: a plain step is ~1.5 ms with full graphs, so these ratios measure vLLM 0.20's "
-                  "per-step cost of speculation on this host, not K2.5's.", "",
-                  f"| case | tok/s | ms/step | x plain (ours, graphs: {plain['single_stream']['tok_s']} tok/s) | tau | "
-                  "acceptance per position |", "|---|---:|---:|---:|---:|---|"] + spec_rows + [""]  # fmt: skip
+            L += (
+                [
+                    "### Speculation with the tiny pair (single stream, CUDA graphs)",
+                    "",
+                    "The pair is tiny: a plain step is ~1.5 ms with full graphs, so these ratios measure vLLM 0.20's "
+                    "per-step cost of speculation on this host, not K2.5's.",
+                    "",
+                    "| case | tok/s | ms/step | x plain (ours, graphs: "
+                    f"{plain['single_stream']['tok_s']} tok/s) | tau | acceptance per position |",
+                    "|---|---:|---:|---:|---:|---|",
+                ]
+                + spec_rows
+                + [""]
+            )
     sl = {n: r for n, r in runs.items() if n.startswith("slice-")}
     ratios: dict = {}
     ctxs: list[int] = []
     if sl:
         ctxs = sorted({int(c) for r in sl.values() for c in r.get("contexts", {})})
         head = " | ".join(f"{c // 1024}k" for c in ctxs)
-        L += ["## K2.5-sized per-GPU slice (dummy weights, 12 layers, single stream, CUDA graphs)", "",
-              "hidden 7168, 8 MLA heads, q_lora 1536, kv_lora 512, rope 64, nope/v 128, 384 experts x 256 (8 active, "
-              "1 shared), layer 0 dense, vocab 20,480; EAGLE-3 drafter: K2.5's draft layer sharded 8 ways, draft vocab "
-              "16,384, dummy weights (no draft is accepted: tokens/step 1.0). Step = (t(129 tokens) - t(1 token)) / "
-              "steps, best of 2; prompts are random token ids served from the prefix cache.", "",
-              f"| case | impl | CUDA graphs | {head} |", "|---|---|---|" + "---:|" * len(ctxs)]  # fmt: skip
+        L += [
+            "## K2.5-sized per-GPU slice (dummy weights, 12 layers, single stream, CUDA graphs)",
+            "",
+            "hidden 7168, 8 MLA heads, q_lora 1536, kv_lora 512, rope 64, nope/v 128, 384 experts x 256 (8 active, "
+            "1 shared), layer 0 dense, vocab 20,480; EAGLE-3 drafter: K2.5's draft layer sharded 8 ways, draft vocab "
+            "16,384, dummy weights (no draft is accepted: tokens/step 1.0). Step = (t(129 tokens) - t(1 token)) / "
+            "steps, best of 2; prompts are random token ids served from the prefix cache.",
+            "",
+            f"| case | impl | CUDA graphs | {head} |",
+            "|---|---|---|" + "---:|" * len(ctxs),
+        ]
         step = {n: {int(c): v["step_ms"] for c, v in r["contexts"].items()} for n, r in sl.items()}
         for n, r in sorted(sl.items()):
             L.append(
@@ -849,15 +905,22 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
             ratio_row(f"t_spec({k}) / t_plain, ours", f"slice-ours-eagle3-k{k}", "slice-ours-plain")
         ratio_row("t_spec(3) / t_plain, ours, spread routing", "slice-ours-eagle3-k3-spread", "slice-ours-plain-spread")
         summary["slice_step_ms"], summary["slice_ratios"] = step, ratios
-        L += ["", "Attention path during the timed generations (per context, 2 x (1 + 129 tokens); the 4 prefill "
-              "batches are the prompts' uncached tails):", "",
-              "| case | decode batches (by query length) | prefill batches | forward_mha calls |", "|---|---|---:|---:|"]  # fmt: skip  # noqa: E501
+        L += [
+            "",
+            "Attention path during the timed generations (per context, 2 x (1 + 129 tokens); the 4 prefill "
+            "batches are the prompts' uncached tails):",
+            "",
+            "| case | decode batches (by query length) | prefill batches | forward_mha calls |",
+            "|---|---|---:|---:|",
+        ]  # noqa: E501
         for n, r in sorted(sl.items()):
             c = next(iter(r["contexts"].values())).get("counters", {})
             same = all(v.get("counters") == c for v in r["contexts"].values())
             dec = ", ".join(f"q{k.rsplit('_q', 1)[1]}: {v}" for k, v in sorted(c.items()) if k.startswith("decode"))
-            L.append(f"| {n} | {dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |"
-                     + ("" if same else " (differs by context)"))  # fmt: skip
+            L.append(
+                f"| {n} | {dec or '-'} | {c.get('prefill_batches', 0)} | {c.get('forward_mha_calls', 0)} |"
+                + ("" if same else " (differs by context)")
+            )
         ex = {}
         for _n, r in sorted(sl.items()):
             for key in ("experts_dummy_router", "experts_spread_router"):
@@ -866,17 +929,28 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
                     ex[(key, e["tokens"])] = round(e["mean_distinct_experts"], 1)
         if ex:
             summary["experts_per_verify_estimate"] = {f"{k[0]} {k[1]} tokens": v for k, v in ex.items()}
-            L += ["", "Distinct routed experts a verify step touches (k+1 tokens x top-8), ESTIMATED: 256 random "
-                  "tokens' embeddings through layer 1's norm and router, attention ignored: "
-                  + "; ".join(f"{'dummy' if 'dummy' in k[0] else 'spread'} router, {k[1]} tokens: {v}"
-                              for k, v in sorted(ex.items())), ""]  # fmt: skip
+            L += [
+                "",
+                "Distinct routed experts a verify step touches (k+1 tokens x top-8), ESTIMATED: 256 random "
+                "tokens' embeddings through layer 1's norm and router, attention ignored: "
+                + "; ".join(
+                    f"{'dummy' if 'dummy' in k[0] else 'spread'} router, {k[1]} tokens: {v}"
+                    for k, v in sorted(ex.items())
+                ),
+                "",
+            ]
     prof = {n: r["profile"] for n, r in runs.items() if "profile" in r}
     if prof:
         summary["profile"] = prof
-        L += ["## Where a step's time goes (slice, 4k, ours, in-process engine under torch.profiler)", "",
-              "GPU busy = the union of kernel intervals (CUPTI sees kernels inside CUDA graphs too); the profiler "
-              "itself slows the host side, so wall times here are above the unprofiled ones above.", "",
-              "| case | wall ms/step | GPU busy ms/step | kernels/step | top kernels (ms/step) |", "|---|---:|---:|---:|---|"]  # fmt: skip  # noqa: E501
+        L += [
+            "## Where a step's time goes (slice, 4k, ours, in-process engine under torch.profiler)",
+            "",
+            "GPU busy = the union of kernel intervals (CUPTI sees kernels inside CUDA graphs too); the profiler "
+            "itself slows the host side, so wall times here are above the unprofiled ones above.",
+            "",
+            "| case | wall ms/step | GPU busy ms/step | kernels/step | top kernels (ms/step) |",
+            "|---|---:|---:|---:|---|",
+        ]  # noqa: E501
         for n, v in sorted(prof.items()):
             top = ", ".join(f"{k.split('(')[0][:40]} {t}" for k, t in list(v["top_kernels_ms_per_step"].items())[:6])
             L.append(
@@ -886,23 +960,36 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
     gg = summary["greedy"].get("gguf-dequantized-reference vs gguf-q4k-experts-kept")
     if gg:
         a, b = runs["gguf-dequantized-reference"], runs["gguf-q4k-experts-kept"]
-        L += ["## GGUF on the GPU engine (trained tiny target)", "",
-              "`q4k.gguf`: experts' gate/up Q4_K and down Q8_0 **kept quantized** (vLLM's GGUF kernels), attention "
-              "Q8_0 force-dequantized (`force_dequant: [\"blk.*.attn_*\"]`), shared experts Q8_0; the reference is a "
-              "safetensors checkpoint of gguf-py's dequantization of the same file.", "",
-              f"- greedy tokens: {_fmt_div(gg)}",
-              f"- single stream: GGUF {b['single_stream']['tok_s']} tok/s, reference {a['single_stream']['tok_s']} tok/s "  # noqa: E501
-              f"(impl {b['impls']}, CUDA graphs {graph_modes(b)})", ""]  # fmt: skip
+        L += [
+            "## GGUF on the GPU engine (trained tiny target)",
+            "",
+            "`q4k.gguf`: experts' gate/up Q4_K and down Q8_0 **kept quantized** (vLLM's GGUF kernels), attention "
+            'Q8_0 force-dequantized (`force_dequant: ["blk.*.attn_*"]`), shared experts Q8_0; the reference is a '
+            "safetensors checkpoint of gguf-py's dequantization of the same file.",
+            "",
+            f"- greedy tokens: {_fmt_div(gg)}",
+            f"- single stream: GGUF {b['single_stream']['tok_s']} tok/s, reference {a['single_stream']['tok_s']} tok/s "  # noqa: E501
+            f"(impl {b['impls']}, CUDA graphs {graph_modes(b)})",
+            "",
+        ]
     if acceptance is not None and acceptance.exists() and ratios:
         per_pos = json.loads(acceptance.read_text())["per_position_acceptance"]
-        L += ["## Modelled EAGLE-3 speed-ups (MODELLED from the measurements above, not measured)", "",
-              f"tau(k) = 1 + sum of the trained tiny pair's per-position acceptance {[round(x, 3) for x in per_pos]} "
-              "(offline eval over every position, `trained_pair_eval.json`); single GPU = tau(k) x t_plain / t_spec(k), "  # noqa: E501
-              f"both from the slice (ours); users' rig = tau(k) / ({RIG_ALLREDUCE_SHARE} + {1 - RIG_ALLREDUCE_SHARE:.3f} x "  # noqa: E501
-              f"t_spec(k)/t_plain): their {RIG_TOK_S} tok/s step has {RIG_ALLREDUCE_SHARE:.1%} AllReduce, latency-bound, "  # noqa: E501
-              "taken as constant per step; the rest scales like the slice's step.", "",
-              "| k | tau(k) | " + " | ".join(f"single GPU {c // 1024}k" for c in ctxs) + " | "
-              + " | ".join(f"rig {c // 1024}k" for c in ctxs) + " |", "|---:|---:|" + "---:|" * (2 * len(ctxs))]  # fmt: skip  # noqa: E501
+        L += [
+            "## Modelled EAGLE-3 speed-ups (MODELLED from the measurements above, not measured)",
+            "",
+            f"tau(k) = 1 + sum of the trained tiny pair's per-position acceptance {[round(x, 3) for x in per_pos]} "
+            "(offline eval over every position, `trained_pair_eval.json`); single GPU = tau(k) x t_plain / t_spec(k), "  # noqa: E501
+            f"both from the slice (ours); users' rig = tau(k) / ({RIG_ALLREDUCE_SHARE} + {1 - RIG_ALLREDUCE_SHARE:.3f} x "  # noqa: E501
+            f"t_spec(k)/t_plain): their {RIG_TOK_S} tok/s step has {RIG_ALLREDUCE_SHARE:.1%} AllReduce, latency-bound, "  # noqa: E501
+            "taken as constant per step; the rest scales like the slice's step.",
+            "",
+            "| k | tau(k) | "
+            + " | ".join(f"single GPU {c // 1024}k" for c in ctxs)
+            + " | "
+            + " | ".join(f"rig {c // 1024}k" for c in ctxs)
+            + " |",
+            "|---:|---:|" + "---:|" * (2 * len(ctxs)),
+        ]  # noqa: E501
         model = {}
         for k in (1, 2, 3, 4):
             r = ratios.get(f"t_spec({k}) / t_plain, ours")
@@ -912,15 +999,24 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
             gpu = {c: round(t / r[c], 3) for c in r}
             rig = {c: round(t / (RIG_ALLREDUCE_SHARE + (1 - RIG_ALLREDUCE_SHARE) * r[c]), 3) for c in r}
             model[k] = {"tau": round(t, 3), "single_gpu": gpu, "rig": rig}
-            L.append(f"| {k} | {t:.3f} | " + " | ".join(str(gpu.get(c, "-")) for c in ctxs) + " | "
-                     + " | ".join(str(rig.get(c, "-")) for c in ctxs) + " |")  # fmt: skip
+            L.append(
+                f"| {k} | {t:.3f} | "
+                + " | ".join(str(gpu.get(c, "-")) for c in ctxs)
+                + " | "
+                + " | ".join(str(rig.get(c, "-")) for c in ctxs)
+                + " |"
+            )
         best = {
             w: {c: max(model, key=lambda k, w=w, c=c: model[k][w].get(c, 0)) for c in ctxs}
             for w in ("single_gpu", "rig")
         }
         summary["modelled"], summary["best_k"] = model, best
-        L += ["", "Best k (modelled): " + "; ".join(f"{w}: " + ", ".join(f"{c // 1024}k -> k={k}" for c, k in b.items())
-                                                   for w, b in best.items()), ""]  # fmt: skip
+        L += [
+            "",
+            "Best k (modelled): "
+            + "; ".join(f"{w}: " + ", ".join(f"{c // 1024}k -> k={k}" for c, k in b.items()) for w, b in best.items()),
+            "",
+        ]
     if command:
         L += [f"Report command: `{command}`"]
     out.mkdir(parents=True, exist_ok=True)
@@ -935,27 +1031,54 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
 
 
 def suite(name: str, models: Path) -> list[dict]:
-    tiny = {"model": str(models / "target"), "max_model_len": 2048, "gpu_memory_utilization": 0.06,
-            "kv_cache_bytes": 1 << 30, "task": "greedy", "prompts": str(models / "prompts.json")}  # fmt: skip
+    tiny = {
+        "model": str(models / "target"),
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.06,
+        "kv_cache_bytes": 1 << 30,
+        "task": "greedy",
+        "prompts": str(models / "prompts.json"),
+    }
     if name == "tiny":
         cases = []
         for backend in ("stock", "ours"):
             for graphs in (False, True):
-                cases.append({**tiny, "name": f"tiny-{backend}-{'graphs' if graphs else 'eager'}",
-                              "backend": backend, "graphs": graphs})  # fmt: skip
+                cases.append(
+                    {
+                        **tiny,
+                        "name": f"tiny-{backend}-{'graphs' if graphs else 'eager'}",
+                        "backend": backend,
+                        "graphs": graphs,
+                    }
+                )
         draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
         for backend in ("stock", "ours"):
             cases.append(
                 {**tiny, "name": f"tiny-{backend}-eagle3-k3", "backend": backend, "graphs": True, "spec": draft}
             )
-        cases.append({**tiny, "name": "tiny-ours-ngram-k3", "backend": "ours", "graphs": True,
-                      "spec": {"method": "ngram", "k": 3}})  # fmt: skip
+        cases.append(
+            {
+                **tiny,
+                "name": "tiny-ours-ngram-k3",
+                "backend": "ours",
+                "graphs": True,
+                "spec": {"method": "ngram", "k": 3},
+            }
+        )
         cases.append({**tiny, "name": "tiny-ours-fault-smem", "backend": "ours", "graphs": True, "fault": "smem"})
         return cases
     if name in ("slice", "slice-k"):
-        base = {"model": str(models / "slice"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.45,
-                "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True,
-                "contexts": list(CONTEXTS), "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        base = {
+            "model": str(models / "slice"),
+            "max_model_len": max(CONTEXTS) + 512,
+            "gpu_memory_utilization": 0.45,
+            "kv_cache_bytes": 5 << 30,
+            "task": "steps",
+            "dummy": True,
+            "graphs": True,
+            "contexts": list(CONTEXTS),
+            "vocab": slice_config()["vocab_size"],
+        }
         draft = lambda k: {"method": "eagle3", "model": str(models / "slice-draft"), "k": k}  # noqa: E731
         if name == "slice":
             return [
@@ -964,15 +1087,18 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**base, "name": "slice-stock-eagle3-k3", "backend": "stock", "spec": draft(3)},
                 {**base, "name": "slice-ours-eagle3-k3", "backend": "ours", "spec": draft(3), "routing": "dummy"},
             ]
-        return [
-            {**base, "name": f"slice-ours-eagle3-k{k}", "backend": "ours", "spec": draft(k)} for k in (1, 2, 4)
-        ] + [{**base, "name": "slice-ours-eagle3-k3-spread", "backend": "ours", "spec": draft(3), "routing": "spread"},
-             {**base, "name": "slice-ours-plain-spread", "backend": "ours", "routing": "spread"}]  # fmt: skip
+        return [{**base, "name": f"slice-ours-eagle3-k{k}", "backend": "ours", "spec": draft(k)} for k in (1, 2, 4)] + [
+            {**base, "name": "slice-ours-eagle3-k3-spread", "backend": "ours", "spec": draft(3), "routing": "spread"},
+            {**base, "name": "slice-ours-plain-spread", "backend": "ours", "routing": "spread"},
+        ]
     if name == "gguf":  # the README's GGUF path: experts kept quantized, attention force-dequantized
         g = {**tiny, "graphs": True, "backend": "ours"}
         target = str(models / "target")
-        kept = {"tokenizer": target, "hf_config_path": target,
-                "model_loader_extra_config": {"force_dequant": ["blk.*.attn_*"]}}  # fmt: skip
+        kept = {
+            "tokenizer": target,
+            "hf_config_path": target,
+            "model_loader_extra_config": {"force_dequant": ["blk.*.attn_*"]},
+        }
         q4k = {**g, "model": str(models / "gguf" / "q4k.gguf"), "llm_kwargs": kept}
         draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
         # our grouped GGUF MoE forced on wherever its check passes (the tiny shapes may not pick it
@@ -986,9 +1112,18 @@ def suite(name: str, models: Path) -> list[dict]:
             {**g, "name": "gguf-dequantized-reference", "model": str(models / "gguf" / "reference")},
         ]
     if name == "profile":  # where a step's time goes: 4k, ours, plain vs EAGLE-3 k=3
-        base = {"model": str(models / "slice"), "max_model_len": 8192, "gpu_memory_utilization": 0.45,
-                "kv_cache_bytes": 2 << 30, "task": "profile", "dummy": True, "graphs": True, "backend": "ours",
-                "contexts": [4096], "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        base = {
+            "model": str(models / "slice"),
+            "max_model_len": 8192,
+            "gpu_memory_utilization": 0.45,
+            "kv_cache_bytes": 2 << 30,
+            "task": "profile",
+            "dummy": True,
+            "graphs": True,
+            "backend": "ours",
+            "contexts": [4096],
+            "vocab": slice_config()["vocab_size"],
+        }
         return [
             {**base, "name": "profile-ours-plain"},
             {
@@ -999,9 +1134,18 @@ def suite(name: str, models: Path) -> list[dict]:
         ]
     if name == "hostprof":  # where a speculative step's host time goes (cProfile + torch.profiler)
         t = {**tiny, "task": "hostprof", "graphs": True, "backend": "ours"}
-        s4k = {"model": str(models / "slice"), "max_model_len": 8192, "gpu_memory_utilization": 0.45,
-               "kv_cache_bytes": 2 << 30, "task": "hostprof", "dummy": True, "graphs": True, "backend": "ours",
-               "contexts": [4096], "vocab": slice_config()["vocab_size"]}  # fmt: skip
+        s4k = {
+            "model": str(models / "slice"),
+            "max_model_len": 8192,
+            "gpu_memory_utilization": 0.45,
+            "kv_cache_bytes": 2 << 30,
+            "task": "hostprof",
+            "dummy": True,
+            "graphs": True,
+            "backend": "ours",
+            "contexts": [4096],
+            "vocab": slice_config()["vocab_size"],
+        }
         e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
         return [
             {**t, "name": "hostprof-tiny-plain"},
@@ -1042,35 +1186,74 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**t, "name": "dg-tiny-ours-plain"},
                 {**t, "name": "dg-tiny-ours-eagle3-k3-stockdraft", "spec": e3("draft"), "draft_graph": False},
                 {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph", "spec": e3("draft"), "draft_graph": True},
-                {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph-prefill2d", "spec": e3("draft"), "draft_graph": True,
-                 "disable": [PREFILL_AS_DECODE]},
-            ]  # fmt: skip
-        base = {"model": str(models / "slice"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.45,
-                "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True,
-                "contexts": list(CONTEXTS), "vocab": slice_config()["vocab_size"]}  # fmt: skip
+                {
+                    **t,
+                    "name": "dg-tiny-ours-eagle3-k3-draftgraph-prefill2d",
+                    "spec": e3("draft"),
+                    "draft_graph": True,
+                    "disable": [PREFILL_AS_DECODE],
+                },
+            ]
+        base = {
+            "model": str(models / "slice"),
+            "max_model_len": max(CONTEXTS) + 512,
+            "gpu_memory_utilization": 0.45,
+            "kv_cache_bytes": 5 << 30,
+            "task": "steps",
+            "dummy": True,
+            "graphs": True,
+            "contexts": list(CONTEXTS),
+            "vocab": slice_config()["vocab_size"],
+        }
         if name == "dgslice":
             return [
                 {**base, "name": "dg-slice-ours-plain", "backend": "ours"},
-                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3("slice-draft"),
-                 "draft_graph": True},
-                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d", "backend": "ours",
-                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [PREFILL_AS_DECODE]},
-                {**base, "name": "dg-slice-ours-eagle3-k3-draftgraph-kv1", "backend": "ours",
-                 "spec": e3("slice-draft-kv1"), "draft_graph": True},
-                {**base, "name": "dg-slice-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3("slice-draft"),
-                 "draft_graph": False},
+                {
+                    **base,
+                    "name": "dg-slice-ours-eagle3-k3-draftgraph",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                },
+                {
+                    **base,
+                    "name": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                    "disable": [PREFILL_AS_DECODE],
+                },
+                {
+                    **base,
+                    "name": "dg-slice-ours-eagle3-k3-draftgraph-kv1",
+                    "backend": "ours",
+                    "spec": e3("slice-draft-kv1"),
+                    "draft_graph": True,
+                },
+                {
+                    **base,
+                    "name": "dg-slice-ours-eagle3-k3-stockdraft",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": False,
+                },
                 {**base, "name": "dg-slice-stock-eagle3-k3", "backend": "stock", "spec": e3("slice-draft")},
                 {**base, "name": "dg-slice-stock-plain", "backend": "stock"},
-            ]  # fmt: skip
+            ]
         if name == "dgdepth":  # 6 and 12 layers, plain and EAGLE-3 (every patch): fixed vs per-layer cost
             depth = {**base, "backend": "ours", "contexts": [4096, 32768], "max_model_len": 32768 + 512}
             return [
                 {**depth, "name": "dg-depth6-plain", "model": str(models / "slice6")},
-                {**depth, "name": "dg-depth6-eagle3-k3", "model": str(models / "slice6"), "spec": e3("slice6-draft"),
-                 "draft_graph": True},
+                {
+                    **depth,
+                    "name": "dg-depth6-eagle3-k3",
+                    "model": str(models / "slice6"),
+                    "spec": e3("slice6-draft"),
+                    "draft_graph": True,
+                },
                 {**depth, "name": "dg-depth12-plain"},
                 {**depth, "name": "dg-depth12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
-            ]  # fmt: skip
+            ]
         if name == "quant":  # bf16 vs W4A16 experts (12 layers), plain vs EAGLE-3 k=3, router spread over experts
             q = {**base, "backend": "ours", "routing": "spread"}
             own = {"spec": e3("slice-draft-tp8"), "draft_graph": True, "draft_head": "own"}
@@ -1085,27 +1268,66 @@ def suite(name: str, models: Path) -> list[dict]:
             ]
         if name == "dgmoe":  # patch moe-group-tokens-by-expert on and off, plain alongside
             return [
-                {**base, "name": "dg-moe-slice-ours-eagle3-k3", "backend": "ours", "spec": e3("slice-draft"),
-                 "draft_graph": True},
-                {**base, "name": "dg-moe-slice-ours-eagle3-k3-unsorted", "backend": "ours",
-                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [MOE_SORTED]},
+                {
+                    **base,
+                    "name": "dg-moe-slice-ours-eagle3-k3",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                },
+                {
+                    **base,
+                    "name": "dg-moe-slice-ours-eagle3-k3-unsorted",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                    "disable": [MOE_SORTED],
+                },
                 {**base, "name": "dg-moe-slice-ours-plain", "backend": "ours"},
-            ]  # fmt: skip
+            ]
         if name == "dgrope":  # patch rope-float32-cache on and off; the drafter at its TP-8 share
             return [
                 {**base, "name": "dg-rope-slice-ours-plain", "backend": "ours"},
-                {**base, "name": "dg-rope-slice-ours-eagle3-k3", "backend": "ours", "spec": e3("slice-draft"),
-                 "draft_graph": True},
-                {**base, "name": "dg-rope-slice-ours-eagle3-k3-ropestock", "backend": "ours",
-                 "spec": e3("slice-draft"), "draft_graph": True, "disable": [ROPE_FLOAT32]},
-                {**base, "name": "dg-rope-slice-ours-eagle3-k3-tp8draft", "backend": "ours",
-                 "spec": e3("slice-draft-tp8"), "draft_graph": True},
-            ]  # fmt: skip
-        prof = {**base, "max_model_len": 8192, "kv_cache_bytes": 2 << 30, "task": "hostprof", "backend": "ours",
-                "contexts": [4096]}  # fmt: skip
+                {
+                    **base,
+                    "name": "dg-rope-slice-ours-eagle3-k3",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                },
+                {
+                    **base,
+                    "name": "dg-rope-slice-ours-eagle3-k3-ropestock",
+                    "backend": "ours",
+                    "spec": e3("slice-draft"),
+                    "draft_graph": True,
+                    "disable": [ROPE_FLOAT32],
+                },
+                {
+                    **base,
+                    "name": "dg-rope-slice-ours-eagle3-k3-tp8draft",
+                    "backend": "ours",
+                    "spec": e3("slice-draft-tp8"),
+                    "draft_graph": True,
+                },
+            ]
+        prof = {
+            **base,
+            "max_model_len": 8192,
+            "kv_cache_bytes": 2 << 30,
+            "task": "hostprof",
+            "backend": "ours",
+            "contexts": [4096],
+        }
         if name == "dgdeep":  # 24 layers, one engine at a time (--parallel 1): steps, then under the profilers
-            deep = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
-                    "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            deep = {
+                **base,
+                "backend": "ours",
+                "model": str(models / "slice24"),
+                "gpu_memory_utilization": 0.88,
+                "contexts": [4096, 32768],
+                "max_model_len": 32768 + 512,
+            }
             e3d = {"spec": e3("slice24-draft-tp8"), "draft_graph": True}
             own = {**e3d, "draft_head": "own"}  # its own 4,000-row head, as a trained drafter has
             dprof = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
@@ -1136,8 +1358,14 @@ def suite(name: str, models: Path) -> list[dict]:
             ]
         if name == "dg24":  # dg12's rounds on the 24-layer slice (one engine at a time)
             own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}
-            s24 = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
-                   "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            s24 = {
+                **base,
+                "backend": "ours",
+                "model": str(models / "slice24"),
+                "gpu_memory_utilization": 0.88,
+                "contexts": [4096, 32768],
+                "max_model_len": 32768 + 512,
+            }
             return [
                 {**s24, "name": "dg24-plain"},
                 {**s24, "name": "dg24-eagle3-k3-ownhead", **own},
@@ -1156,8 +1384,13 @@ def suite(name: str, models: Path) -> list[dict]:
             ]
         if name == "dg24stock":  # stock vLLM vs every patch, 24 layers (steps / profiled: one call each, ONLY)
             own = {"spec": e3("slice24-draft-tp8"), "draft_head": "own"}
-            s24 = {**base, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88,
-                   "contexts": [4096, 32768], "max_model_len": 32768 + 512}  # fmt: skip
+            s24 = {
+                **base,
+                "model": str(models / "slice24"),
+                "gpu_memory_utilization": 0.88,
+                "contexts": [4096, 32768],
+                "max_model_len": 32768 + 512,
+            }
             p24 = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
             return [
                 {**s24, "name": "dg24s-ours-plain", "backend": "ours"},
@@ -1167,17 +1400,21 @@ def suite(name: str, models: Path) -> list[dict]:
                 {**p24, "name": "dg24sprof-ours-plain", "backend": "ours"},
                 {**p24, "name": "dg24sprof-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
                 {**p24, "name": "dg24sprof-stock-plain", "backend": "stock"},
-                {**p24, "name": "dg24sprof-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False,
-                 **own},
-            ]  # fmt: skip
+                {**p24, "name": "dg24sprof-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
+            ]
         if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
             return [
                 {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
-                {**prof, "name": "dg-depthprof6-eagle3-k3", "model": str(models / "slice6"),
-                 "spec": e3("slice6-draft"), "draft_graph": True},
+                {
+                    **prof,
+                    "name": "dg-depthprof6-eagle3-k3",
+                    "model": str(models / "slice6"),
+                    "spec": e3("slice6-draft"),
+                    "draft_graph": True,
+                },
                 {**prof, "name": "dg-depthprof12-plain"},
                 {**prof, "name": "dg-depthprof12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
-            ]  # fmt: skip
+            ]
         return [
             {**prof, "name": "dg-prof-slice-eagle3-k3-draftgraph", "spec": e3("slice-draft"), "draft_graph": True},
             {**prof, "name": "dg-prof-slice-plain"},
@@ -1207,12 +1444,26 @@ def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
             {**t, "name": "v16-tiny-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3, "draft_graph": False},
             {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3, "draft_graph": True},
             # every patch but async-spec-zero-bubble: 0.16's wait for the accepted count at each step
-            {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph-waits", "backend": "ours", "spec": e3,
-             "draft_graph": True, "disable": [ZERO_BUBBLE]},
-        ]  # fmt: skip
-    deep = {"model": str(models / "slice24"), "max_model_len": max(CONTEXTS) + 512, "gpu_memory_utilization": 0.88,
-            "kv_cache_bytes": 5 << 30, "task": "steps", "dummy": True, "graphs": True, "contexts": list(CONTEXTS),
-            "vocab": slice_config()["vocab_size"]}  # fmt: skip
+            {
+                **t,
+                "name": "v16-tiny-ours-eagle3-k3-draftgraph-waits",
+                "backend": "ours",
+                "spec": e3,
+                "draft_graph": True,
+                "disable": [ZERO_BUBBLE],
+            },
+        ]
+    deep = {
+        "model": str(models / "slice24"),
+        "max_model_len": max(CONTEXTS) + 512,
+        "gpu_memory_utilization": 0.88,
+        "kv_cache_bytes": 5 << 30,
+        "task": "steps",
+        "dummy": True,
+        "graphs": True,
+        "contexts": list(CONTEXTS),
+        "vocab": slice_config()["vocab_size"],
+    }
     own = {"spec": {**e3, "model": str(models / "slice24-draft-tp8")}, "draft_head": "own"}
     if name == "v16prof":  # where a step's GPU time goes at 4k and 128k (torch.profiler, in-process engine)
         prof = {**deep, "task": "profile", "backend": "ours"}
@@ -1223,27 +1474,61 @@ def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
             {**prof, **at(131072), "name": "v16prof-deep24-ours-plain-128k"},
             {**prof, **at(4096), "name": "v16prof-deep24-ours-plain-4k"},
             # where the host spends a 4k EAGLE-3 step (cProfile; the GPU idles ~0.7 ms a step there)
-            {**prof, **at(4096), "task": "hostprof", "name": "v16hostprof-deep24-ours-eagle3-k3-ownhead-4k-rope016",
-             "draft_graph": True, **own, **ROPE016},
-        ]  # fmt: skip
+            {
+                **prof,
+                **at(4096),
+                "task": "hostprof",
+                "name": "v16hostprof-deep24-ours-eagle3-k3-ownhead-4k-rope016",
+                "draft_graph": True,
+                **own,
+                **ROPE016,
+            },
+        ]
     return [
         {**deep, "name": "v16-deep24-ours-plain", "backend": "ours"},
         {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
         {**deep, "name": "v16-deep24-stock-plain", "backend": "stock"},
         {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
         # route C's rotary cast taken out (ROUTE_C_ROPE), ours and stock alike
-        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016", "backend": "ours", "draft_graph": True, **own,
-         **ROPE016},
-        {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead-rope016", "backend": "stock", "draft_graph": False,
-         **own, **ROPE016},
+        {
+            **deep,
+            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016",
+            "backend": "ours",
+            "draft_graph": True,
+            **own,
+            **ROPE016,
+        },
+        {
+            **deep,
+            "name": "v16-deep24-stock-eagle3-k3-ownhead-rope016",
+            "backend": "stock",
+            "draft_graph": False,
+            **own,
+            **ROPE016,
+        },
         # every patch but async-spec-zero-bubble (0.16's wait for the accepted count at each step)
-        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-waits", "backend": "ours", "draft_graph": True,
-         **own, **ROPE016, "disable": [ZERO_BUBBLE]},
+        {
+            **deep,
+            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-waits",
+            "backend": "ours",
+            "draft_graph": True,
+            **own,
+            **ROPE016,
+            "disable": [ZERO_BUBBLE],
+        },
         # bound: the step without 0.16's start-of-step wait for the accepted count (NOSYNC_BOUND; positions run
         # ahead 3 a step, so only 4k / 32k fit max_model_len)
-        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound", "backend": "ours",
-         "draft_graph": True, **own, **ROPE016, "nosync_bound": True, "contexts": [4096, 32768]},
-    ]  # fmt: skip
+        {
+            **deep,
+            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound",
+            "backend": "ours",
+            "draft_graph": True,
+            **own,
+            **ROPE016,
+            "nosync_bound": True,
+            "contexts": [4096, 32768],
+        },
+    ]
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows

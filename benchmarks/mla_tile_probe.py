@@ -33,21 +33,53 @@ NCU_SECTIONS = (
 )
 
 VARIANTS = {  # (block_m, warps, block_n, stages, d_split): the launcher's own first, then D_SPLIT forms
-    "bf16": [(16, 4, 32, 5, False), (16, 4, 32, 5, True), (16, 8, 64, 2, False), (16, 8, 64, 2, True),
-             (16, 4, 32, 2, True), (16, 8, 32, 5, True), (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
-    "fp8": [(16, 8, 64, 2, False), (16, 8, 64, 2, True), (16, 8, 32, 5, True), (16, 4, 32, 5, True),
-            (32, 8, 32, 2, False), (32, 8, 32, 2, True)],
-}  # fmt: skip
+    "bf16": [
+        (16, 4, 32, 5, False),
+        (16, 4, 32, 5, True),
+        (16, 8, 64, 2, False),
+        (16, 8, 64, 2, True),
+        (16, 4, 32, 2, True),
+        (16, 8, 32, 5, True),
+        (32, 8, 32, 2, False),
+        (32, 8, 32, 2, True),
+    ],
+    "fp8": [
+        (16, 8, 64, 2, False),
+        (16, 8, 64, 2, True),
+        (16, 8, 32, 5, True),
+        (16, 4, 32, 5, True),
+        (32, 8, 32, 2, False),
+        (32, 8, 32, 2, True),
+    ],
+}
 PROBES = (  # (batch, context, heads, q_len)
-    (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1),
-    (1, 8192, 8, 4), (1, 32768, 8, 4), (1, 131072, 8, 4), (8, 8192, 8, 4), (8, 32768, 8, 4), (8, 131072, 8, 4),
-    (64, 8192, 8, 4), (1, 32768, 64, 1), (64, 8192, 64, 1), (1, 32768, 64, 4), (64, 8192, 64, 4),
-)  # fmt: skip
+    (1, 8192, 8, 1),
+    (1, 32768, 8, 1),
+    (1, 131072, 8, 1),
+    (8, 32768, 8, 1),
+    (64, 8192, 8, 1),
+    (1, 8192, 8, 4),
+    (1, 32768, 8, 4),
+    (1, 131072, 8, 4),
+    (8, 8192, 8, 4),
+    (8, 32768, 8, 4),
+    (8, 131072, 8, 4),
+    (64, 8192, 8, 4),
+    (1, 32768, 64, 1),
+    (64, 8192, 64, 1),
+    (1, 32768, 64, 4),
+    (64, 8192, 64, 4),
+)
 #: rows of 8 heads x q_len 1 fit one 16-row tile only; there the probe is bf16 partials
 PARTIAL_PROBES = ((1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1))
 #: (batch, context, heads, q_len, KV) launched once each with the launcher's own choice
-NCU_CASES = ((1, 32768, 8, 1, "bf16"), (1, 32768, 8, 1, "fp8"), (8, 32768, 8, 1, "bf16"), (8, 32768, 8, 4, "bf16"),
-             (64, 8192, 8, 1, "bf16"))  # fmt: skip
+NCU_CASES = (
+    (1, 32768, 8, 1, "bf16"),
+    (1, 32768, 8, 1, "fp8"),
+    (8, 32768, 8, 1, "bf16"),
+    (8, 32768, 8, 4, "bf16"),
+    (64, 8192, 8, 1, "bf16"),
+)
 
 
 def ladder(batch: int, row_blocks: int, ctx: int) -> list[int]:
@@ -66,16 +98,26 @@ def main() -> int:
     p.add_argument("--out", help="raw JSON of the probe; the Markdown report is written beside it")
     p.add_argument("--ncu", metavar="TXT", help="run Nsight Compute on NCU_CASES, write its report here")
     p.add_argument("--ncu-cases", action="store_true", help="only launch NCU_CASES (what --ncu profiles)")
-    p.add_argument("--ncu-stalls", action="store_true",
-                   help="with --ncu: stall reasons, issue activity, resident warps (not its sections)")  # fmt: skip
-    p.add_argument("--ncu-source", metavar="DIR",
-                   help="per NCU_CASES case: SASS with warp-stall samples (CSV) and a ranking (source.md)")  # fmt: skip
+    p.add_argument(
+        "--ncu-stalls",
+        action="store_true",
+        help="with --ncu: stall reasons, issue activity, resident warps (not its sections)",
+    )
+    p.add_argument(
+        "--ncu-source",
+        metavar="DIR",
+        help="per NCU_CASES case: SASS with warp-stall samples (CSV) and a ranking (source.md)",
+    )
     p.add_argument("--kv", choices=sorted(VARIANTS), action="append", help="only these KV dtypes (default: all)")
     p.add_argument("--probes", help="only these probes: 'batch,context,heads,q_len;...' (default: PROBES)")
     p.add_argument("--no-partials", action="store_true", help="skip the split-partials comparison")
-    p.add_argument("--variant", action="append", metavar="KV:M,W,N,S[,D_SPLIT]",
-                   help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
-                   "the launcher's own variant is always probed first")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="KV:M,W,N,S[,D_SPLIT]",
+        help="probe these variants of KV (bf16|fp8) instead of VARIANTS' (flags as 0/1); "
+        "the launcher's own variant is always probed first",
+    )
     args = p.parse_args()
     if args.ncu_source:
         return ncu_source(args.ncu_source)
@@ -132,9 +174,17 @@ def main() -> int:
 
                     def fn(s=s, cfg=cfg, ws=ws, kv=kv, ks=ks, q=q, bt=bt, sl=sl, ql=ql):
                         return launcher.mla_decode(
-                            q, pools[kv], bt, sl, bench.SM_SCALE, q_len=ql, k_scale=ks, num_splits=s, config=cfg,
+                            q,
+                            pools[kv],
+                            bt,
+                            sl,
+                            bench.SM_SCALE,
+                            q_len=ql,
+                            k_scale=ks,
+                            num_splits=s,
+                            config=cfg,
                             workspace=ws,
-                        )  # fmt: skip
+                        )
 
                     try:
                         out, _ = fn()
@@ -145,9 +195,20 @@ def main() -> int:
                         times[s] = repr(e)[:120]
                 num = {s: t for s, t in times.items() if isinstance(t, float)}
                 best = min(num, key=num.get) if num else None
-                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, variant=list(variant),
-                           launcher_variant=is_pick, launcher_splits=chosen.num_splits if is_pick else None,
-                           best_splits=best, best_us=num.get(best), max_rel_diff=diff, kernel_us=times)  # fmt: skip
+                rec = dict(
+                    batch=batch,
+                    context=ctx,
+                    heads=heads,
+                    q_len=ql,
+                    kv=kv,
+                    variant=list(variant),
+                    launcher_variant=is_pick,
+                    launcher_splits=chosen.num_splits if is_pick else None,
+                    best_splits=best,
+                    best_us=num.get(best),
+                    max_rel_diff=diff,
+                    kernel_us=times,
+                )
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
     for batch, ctx, heads, ql in () if args.no_partials else PARTIAL_PROBES:
@@ -166,12 +227,29 @@ def main() -> int:
                 out, _ = fn()
                 d = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
                 k = timer.kernel_us(fn)
-                rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, kv=kv, partials=str(ws_dtype),
-                           splits=pick, kernel_us=k, graph_us=timer.graph_us(fn), max_rel_diff=d)  # fmt: skip
+                rec = dict(
+                    batch=batch,
+                    context=ctx,
+                    heads=heads,
+                    q_len=ql,
+                    kv=kv,
+                    partials=str(ws_dtype),
+                    splits=pick,
+                    kernel_us=k,
+                    graph_us=timer.graph_us(fn),
+                    max_rel_diff=d,
+                )
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
-    result = {"date": _now(), "command": _command(), "wall_s": time.time() - t0, "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": _triton_version(), "records": records}  # fmt: skip
+    result = {
+        "date": _now(),
+        "command": _command(),
+        "wall_s": time.time() - t0,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "records": records,
+    }
     write_report(result, args.out)
     print("wall", time.time() - t0)
     return 0
@@ -203,16 +281,23 @@ def write_report(result: dict, path: str) -> None:
     from vllm_k2_plugin.fileio import write_text
 
     write_text(path, json.dumps(result, indent=1) + "\n")
-    md = [f"# MLA split-kernel tile probe on {result['device']}", "", f"Command: `{result['command']}`",
-          f"Date: {result['date']} (torch {result['torch']}, triton {result['triton']})", "",
-          __doc__.split("\n\n")[0].replace("\n", " "), "",
-          "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
-          "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
-          "count; < 1: faster), and its largest relative L2 difference from the launcher's output.", "",
-          "| probe | KV | variant (m/w/n/s; d4: D_SPLIT, pf: PREFETCH, ca: CVT_ASM) | launcher's | best splits "
-          "| best µs | / launcher's "
-          "| rel. diff |",
-          "|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    md = [
+        f"# MLA split-kernel tile probe on {result['device']}",
+        "",
+        f"Command: `{result['command']}`",
+        f"Date: {result['date']} (torch {result['torch']}, triton {result['triton']})",
+        "",
+        __doc__.split("\n\n")[0].replace("\n", " "),
+        "",
+        "Per probe (batch × heads × context × q_len, KV dtype): each variant's best kernel-only µs over its "
+        "split ladder (best split count), its ratio to what the launcher runs (its variant at its split "
+        "count; < 1: faster), and its largest relative L2 difference from the launcher's output.",
+        "",
+        "| probe | KV | variant (m/w/n/s; d4: D_SPLIT, pf: PREFETCH, ca: CVT_ASM) | launcher's | best splits "
+        "| best µs | / launcher's "
+        "| rel. diff |",
+        "|---|---|---|---|---:|---:|---:|---:|",
+    ]
     tiles = [r for r in result["records"] if "variant" in r]
     for r in tiles:
         base = next((_launcher_us(x) for x in tiles if x["launcher_variant"] and _same_probe(x, r)), None)
@@ -228,9 +313,13 @@ def write_report(result: dict, path: str) -> None:
         )
     parts = [r for r in result["records"] if "partials" in r]
     if parts:
-        md += ["", "## Split partials in fp32 vs bf16 (launcher's variant and split count)", "",
-               "| probe | KV | partials | splits | kernel µs (per kernel) | graph µs | rel. diff |",
-               "|---|---|---|---:|---|---:|---:|"]  # fmt: skip
+        md += [
+            "",
+            "## Split partials in fp32 vs bf16 (launcher's variant and split count)",
+            "",
+            "| probe | KV | partials | splits | kernel µs (per kernel) | graph µs | rel. diff |",
+            "|---|---|---|---:|---|---:|---:|",
+        ]
         md += [
             f"| b{r['batch']}×h{r['heads']}×{r['context']}×q{r['q_len']} | {r['kv']} | {r['partials']} | "
             f"{r['splits']} | {', '.join(f'{k} {v:.1f}' for k, v in r['kernel_us'].items())} | {r['graph_us']:.1f} | "
@@ -293,14 +382,36 @@ def ncu_source(out_dir: str) -> int:
     if not os.path.exists(exe):
         raise SystemExit(f"--ncu-source: Nsight Compute ('ncu') not found on PATH or at {exe}")
     os.makedirs(out_dir, exist_ok=True)
-    lines = ["# Warp-stall samples per SASS instruction of `mla_decode_split`", "", f"Command: `{_command()}`",
-             f"Date: {_now()}", ""]  # fmt: skip
+    lines = [
+        "# Warp-stall samples per SASS instruction of `mla_decode_split`",
+        "",
+        f"Command: `{_command()}`",
+        f"Date: {_now()}",
+        "",
+    ]
     for i, case in enumerate(NCU_CASES):
         rep = os.path.join(out_dir, f"case{i}")
-        prof = [exe, "--clock-control", "none", "-k", "regex:mla_decode_split", "--launch-skip", str(i),
-                "--launch-count", "1", "--section", "SourceCounters",
-                "--section", "WarpStateStats",
-                "-f", "-o", rep, sys.executable, os.path.abspath(__file__), "--ncu-cases"]  # fmt: skip
+        prof = [
+            exe,
+            "--clock-control",
+            "none",
+            "-k",
+            "regex:mla_decode_split",
+            "--launch-skip",
+            str(i),
+            "--launch-count",
+            "1",
+            "--section",
+            "SourceCounters",
+            "--section",
+            "WarpStateStats",
+            "-f",
+            "-o",
+            rep,
+            sys.executable,
+            os.path.abspath(__file__),
+            "--ncu-cases",
+        ]
         run = subprocess.run(prof, capture_output=True, text=True)
         if run.returncode:
             raise SystemExit(
@@ -353,17 +464,23 @@ def _rank_stalls(rows: list[dict]) -> list[str]:
 
     total = sum(num(r[samples]) for r in rows) or 1.0
     addr = [int(r.get("Address", "0"), 16) for r in rows]
-    back = [(num(r.get("Instructions Executed")), i) for i, r in enumerate(rows)
-            if opcode(r) == "BRA" and r["Source"].split()[-1].startswith("0x")
-            and int(r["Source"].split()[-1], 16) < addr[i]]  # fmt: skip
+    back = [
+        (num(r.get("Instructions Executed")), i)
+        for i, r in enumerate(rows)
+        if opcode(r) == "BRA"
+        and r["Source"].split()[-1].startswith("0x")
+        and int(r["Source"].split()[-1], 16) < addr[i]
+    ]
     out = [f"{len(rows)} SASS instructions, {total:.0f} stall samples", ""]
     if back:
         end = max(back)[1]
         start = addr.index(int(rows[end]["Source"].split()[-1], 16))
         regions = (("before the loop", rows[:start]), ("KV loop", rows[start : end + 1]), ("after", rows[end + 1 :]))
         out += ["| region | instructions | share | top stall reasons (samples) |", "|---|---:|---:|---|"]
-        out += [f"| {name} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
-                for name, rs in regions]  # fmt: skip
+        out += [
+            f"| {name} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
+            for name, rs in regions
+        ]
         ops: dict[str, list[dict]] = {}
         for r in regions[1][1]:
             ops.setdefault(opcode(r), []).append(r)
@@ -375,12 +492,16 @@ def _rank_stalls(rows: list[dict]) -> list[str]:
             "| opcode | in loop | share of all | top stall reasons |",
             "|---|---:|---:|---|",
         ]
-        out += [f"| {op} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
-                for op, rs in ranked]  # fmt: skip
+        out += [
+            f"| {op} | {len(rs)} | {sum(num(r[samples]) for r in rs) / total:.1%} | {top_reasons(rs)} |"
+            for op, rs in ranked
+        ]
     out += ["", "| address | instruction | share | top stall reasons |", "|---|---|---:|---|"]
     for r in sorted(rows, key=lambda r: -num(r[samples]))[:20]:
-        out.append(f"| {r.get('Address', '')} | `{r.get('Source', '').strip()}` | {num(r[samples]) / total:.1%} "
-                   f"| {top_reasons([r], 2)} |")  # fmt: skip
+        out.append(
+            f"| {r.get('Address', '')} | `{r.get('Source', '').strip()}` | {num(r[samples]) / total:.1%} "
+            f"| {top_reasons([r], 2)} |"
+        )
     return out + [""]
 
 

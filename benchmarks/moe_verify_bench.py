@@ -90,10 +90,18 @@ def measure() -> dict:
                 fm._prepare_expert_assignment = stock
             distinct = int(ids.unique().numel())
             floor_us = distinct * expert_bytes / (gbps * 1e3)
-            rows.append({"tokens": tokens, "routing": routing, "experts": distinct, "stock_us": round(stock_us, 1),
-                         "grouped_us": round(grouped_us, 1), "grouped_over_stock": round(grouped_us / stock_us, 3),
-                         "grouped_exact_grid_us": exact_us,
-                         "floor_us": round(floor_us, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "routing": routing,
+                    "experts": distinct,
+                    "stock_us": round(stock_us, 1),
+                    "grouped_us": round(grouped_us, 1),
+                    "grouped_over_stock": round(grouped_us / stock_us, 3),
+                    "grouped_exact_grid_us": exact_us,
+                    "floor_us": round(floor_us, 1),
+                }
+            )
             print(rows[-1], flush=True)
     one = next(r for r in rows if r["tokens"] == 1)
     for r in rows:
@@ -101,8 +109,14 @@ def measure() -> dict:
         r["grouped_over_one_token"] = round(r["grouped_us"] / one["stock_us"], 2)
     import vllm
 
-    return {"device": torch.cuda.get_device_name(), "vllm": vllm.__version__, "torch": torch.__version__,
-            "copy_gbps": round(gbps), "expert_mb": round(expert_bytes / 1e6, 2), "rows": rows}  # fmt: skip
+    return {
+        "device": torch.cuda.get_device_name(),
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "copy_gbps": round(gbps),
+        "expert_mb": round(expert_bytes / 1e6, 2),
+        "rows": rows,
+    }
 
 
 def markdown(r: dict) -> str:

@@ -102,11 +102,22 @@ def model(spec_over_plain: float) -> tuple[list[dict], float, float, float]:
     rows = []
     for name, ar in paths.items():
         plain_ms = compute_ms + v("ar_per_token") * ar(token) / 1000
-        spec_ms = (compute_ms * spec_over_plain + v("ar_per_token") * ar(verify) / 1000
-                   + k * v("draft_ar_per_pass") * ar(token) / 1000)  # fmt: skip
-        rows.append({"path": name, "ar_token_us": ar(token), "ar_verify_us": ar(verify), "plain_ms": plain_ms,
-                     "plain_tok_s": 1000 / plain_ms, "spec_ms": spec_ms,
-                     "spec_tok_s": v("tau_k3") * 1000 / spec_ms})  # fmt: skip
+        spec_ms = (
+            compute_ms * spec_over_plain
+            + v("ar_per_token") * ar(verify) / 1000
+            + k * v("draft_ar_per_pass") * ar(token) / 1000
+        )
+        rows.append(
+            {
+                "path": name,
+                "ar_token_us": ar(token),
+                "ar_verify_us": ar(verify),
+                "plain_ms": plain_ms,
+                "plain_tok_s": 1000 / plain_ms,
+                "spec_ms": spec_ms,
+                "spec_tok_s": v("tau_k3") * 1000 / spec_ms,
+            }
+        )
     return rows, step_ms, nccl_us, compute_ms
 
 
@@ -114,37 +125,58 @@ def render(command: str) -> str:
     cases = scenarios()
     _, step_ms, nccl_us, compute_ms = model(1.0)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    L = ["# The users' rig, MODELLED: TP-8 all-reduce paths (not measured on that hardware)", "",
-         f"Written by `{command}` on {date}.", "",
-         "## Inputs", "", "| input | value | source |", "|---|---|---|"]  # fmt: skip
+    L = [
+        "# The users' rig, MODELLED: TP-8 all-reduce paths (not measured on that hardware)",
+        "",
+        f"Written by `{command}` on {date}.",
+        "",
+        "## Inputs",
+        "",
+        "| input | value | source |",
+        "|---|---|---|",
+    ]
     L += [f"| {k} | {val} {unit} | {src} |" for k, (val, unit, src) in INPUTS.items()]
-    L += [f"| spec_over_plain, {name} | {val} x | t_spec(k=3)/t_plain, 4k, 24-layer K2.5 slice, H200; {src} |"
-          for name, (val, src) in cases.items()]  # fmt: skip
-    L += ["", "## Derived", "",
-          f"- step = 1000 / plain_tok_s = {step_ms:.2f} ms; all-reduce on NCCL = step x ar_share / ar_per_token "
-          f"= {nccl_us:.1f} us each; the rest of the step (compute) = {compute_ms:.2f} ms",
-          "- one-shot at the verify size (4 tokens, 56 KiB): linear through the published 8 / 32 KB points "
-          f"= {oneshot_us(56 * KIB):.1f} us (extrapolated; the start-up check would measure it)",
-          "- plain step = compute + ar_per_token x t_ar(14 KiB)",
-          "- EAGLE-3 step = compute x spec_over_plain + ar_per_token x t_ar(56 KiB)"
-          " + k x draft_ar_per_pass x t_ar(14 KiB)",
-          "- tok/s: plain 1 / plain step; EAGLE-3 tau_k3 / EAGLE-3 step",
-          "- compute is the users' stock vLLM 0.16 compute: what our GPU patches save on sm_120 is not modelled", "",
-          "## Result (modelled)", "",
-          "| spec_over_plain from | all-reduce path | t_ar 14 KiB (us) | t_ar 56 KiB (us) | plain ms | plain tok/s "
-          "| EAGLE-3 ms | EAGLE-3 tok/s |",
-          "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    L += [
+        f"| spec_over_plain, {name} | {val} x | t_spec(k=3)/t_plain, 4k, 24-layer K2.5 slice, H200; {src} |"
+        for name, (val, src) in cases.items()
+    ]
+    L += [
+        "",
+        "## Derived",
+        "",
+        f"- step = 1000 / plain_tok_s = {step_ms:.2f} ms; all-reduce on NCCL = step x ar_share / ar_per_token "
+        f"= {nccl_us:.1f} us each; the rest of the step (compute) = {compute_ms:.2f} ms",
+        "- one-shot at the verify size (4 tokens, 56 KiB): linear through the published 8 / 32 KB points "
+        f"= {oneshot_us(56 * KIB):.1f} us (extrapolated; the start-up check would measure it)",
+        "- plain step = compute + ar_per_token x t_ar(14 KiB)",
+        "- EAGLE-3 step = compute x spec_over_plain + ar_per_token x t_ar(56 KiB)"
+        " + k x draft_ar_per_pass x t_ar(14 KiB)",
+        "- tok/s: plain 1 / plain step; EAGLE-3 tau_k3 / EAGLE-3 step",
+        "- compute is the users' stock vLLM 0.16 compute: what our GPU patches save on sm_120 is not modelled",
+        "",
+        "## Result (modelled)",
+        "",
+        "| spec_over_plain from | all-reduce path | t_ar 14 KiB (us) | t_ar 56 KiB (us) | plain ms | plain tok/s "
+        "| EAGLE-3 ms | EAGLE-3 tok/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     verdicts = []
     for name, (ratio, _src) in cases.items():
         rows = model(ratio)[0]
-        L += [f"| {name} ({ratio}x) | {r['path']} | {r['ar_token_us']:.1f} | {r['ar_verify_us']:.1f} | "
-              f"{r['plain_ms']:.2f} | {r['plain_tok_s']:.0f} | {r['spec_ms']:.2f} | {r['spec_tok_s']:.0f} |"
-              for r in rows]  # fmt: skip
+        L += [
+            f"| {name} ({ratio}x) | {r['path']} | {r['ar_token_us']:.1f} | {r['ar_verify_us']:.1f} | "
+            f"{r['plain_ms']:.2f} | {r['plain_tok_s']:.0f} | {r['spec_ms']:.2f} | {r['spec_tok_s']:.0f} |"
+            for r in rows
+        ]
         oneshot = max(r["spec_tok_s"] for r in rows if r["path"].startswith("one-shot"))
         verdicts.append(f"{name}: {oneshot:.0f} tok/s ({'met' if oneshot >= 300 else 'not met'})")
-    L += ["", "Issue 36's goal, EAGLE-3 >= 300 tok/s single stream with the one-shot path, by the step ratio the "
-          "model takes: " + "; ".join(verdicts) + ". Our users run vLLM 0.16. The verify step's 56 KiB "
-          "all-reduces dominate what is left of the all-reduce: 122 of them per step.", ""]  # fmt: skip
+    L += [
+        "",
+        "Issue 36's goal, EAGLE-3 >= 300 tok/s single stream with the one-shot path, by the step ratio the "
+        "model takes: " + "; ".join(verdicts) + ". Our users run vLLM 0.16. The verify step's 56 KiB "
+        "all-reduces dominate what is left of the all-reduce: 122 of them per step.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -170,8 +202,10 @@ def _slice_non_moe_ratio(moe_bf16_1_us: float) -> tuple[float, str]:
     p_ms, s_ms = plain["contexts"]["4096"]["step_ms"], spec["contexts"]["4096"]["step_ms"]
     moe1 = 23 * moe_bf16_1_us / 1000
     ratio = (s_ms - moe1 * experts / 8) / (p_ms - moe1)
-    how = (f"({s_ms} - 23 x {moe_bf16_1_us:.1f} us x {experts:.2f}/8) / ({p_ms} - 23 x {moe_bf16_1_us:.1f} us): "
-           "slice steps on the H200 (vLLM 0.20, call 2026-12-04-call6, 4k), bf16 MoE time on the quant_moe device")
+    how = (
+        f"({s_ms} - 23 x {moe_bf16_1_us:.1f} us x {experts:.2f}/8) / ({p_ms} - 23 x {moe_bf16_1_us:.1f} us): "
+        "slice steps on the H200 (vLLM 0.20, call 2026-12-04-call6, 4k), bf16 MoE time on the quant_moe device"
+    )
     return ratio, how
 
 
@@ -190,48 +224,68 @@ def quant_section(path: Path) -> list[str]:
     other_ms = step_ms - ar_plain - MOE_LAYERS * users[1]["us_per_call"] / 1000
     r_other, how = _slice_non_moe_ratio(rows["bf16"][1]["us_per_call"])
     taus = {"tau 3.28 (ours, tiny pair)": v("tau_k3"), "tau 2.94 (published K2.5 MLA drafter, MT-Bench)": 2.94}
-    L = ["", "## Per expert format (MODELLED from MoE kernels measured on another GPU)", "",
-         f"Kernel times: `{path.relative_to(RESULTS.parent.parent) if path.is_absolute() else path}` "
-         f"({data['device']}, vLLM {data['vllm']}, {data['date']}; K2.5's TP-8 expert shapes, a near-uniform "
-         "router). Not measured on the users' GPU: RTX PRO 6000 has more SMs (188 vs 132) and less memory "
-         "bandwidth (1.79 vs 3.35 TB/s spec sheets) than an H100, so a kernel at its memory floor there takes "
-         "longer and one far from it may not; the times are used as measured.", "",
-         "| input | value | source |", "|---|---|---|",
-         f"| MoE layers | {MOE_LAYERS} | K2.5 config: 61 layers, first_k_dense_replace 1 |",
-         f"| users' expert format | {USERS_FORMAT} | users' GGUF (README example; issue 46) |",
-         f"| users' MoE time per step | {MOE_LAYERS} x {users[1]['us_per_call']:.1f} us = "
-         f"{MOE_LAYERS * users[1]['us_per_call'] / 1000:.2f} ms | vLLM's GGUF MoE at 1 token, measured above |",
-         f"| the rest of the step (not MoE, not all-reduce) | {other_ms:.2f} ms | users' step - all-reduce - MoE |",
-         f"| EAGLE-3 / plain for that rest | {r_other:.3f} x | {how} |",
-         f"| all-reduce per step | plain {ar_plain:.2f} ms, EAGLE-3 {ar_spec:.2f} ms | users' NCCL (above); "
-         "verify messages assumed as fast (NCCL flat to 64 KiB, published) plus the drafter's passes |",
-         "", "| expert format | MoE path | MoE us at 1 / 4 tokens (per layer) | plain ms | plain tok/s | EAGLE-3 ms "
-         + "".join(f"| EAGLE-3 tok/s, {t} " for t in taus) + "|",
-         "|---|---|---|---|---|---|" + "---|" * len(taus)]  # fmt: skip
+    L = [
+        "",
+        "## Per expert format (MODELLED from MoE kernels measured on another GPU)",
+        "",
+        f"Kernel times: `{path.relative_to(RESULTS.parent.parent) if path.is_absolute() else path}` "
+        f"({data['device']}, vLLM {data['vllm']}, {data['date']}; K2.5's TP-8 expert shapes, a near-uniform "
+        "router). Not measured on the users' GPU: RTX PRO 6000 has more SMs (188 vs 132) and less memory "
+        "bandwidth (1.79 vs 3.35 TB/s spec sheets) than an H100, so a kernel at its memory floor there takes "
+        "longer and one far from it may not; the times are used as measured.",
+        "",
+        "| input | value | source |",
+        "|---|---|---|",
+        f"| MoE layers | {MOE_LAYERS} | K2.5 config: 61 layers, first_k_dense_replace 1 |",
+        f"| users' expert format | {USERS_FORMAT} | users' GGUF (README example; issue 46) |",
+        f"| users' MoE time per step | {MOE_LAYERS} x {users[1]['us_per_call']:.1f} us = "
+        f"{MOE_LAYERS * users[1]['us_per_call'] / 1000:.2f} ms | vLLM's GGUF MoE at 1 token, measured above |",
+        f"| the rest of the step (not MoE, not all-reduce) | {other_ms:.2f} ms | users' step - all-reduce - MoE |",
+        f"| EAGLE-3 / plain for that rest | {r_other:.3f} x | {how} |",
+        f"| all-reduce per step | plain {ar_plain:.2f} ms, EAGLE-3 {ar_spec:.2f} ms | users' NCCL (above); "
+        "verify messages assumed as fast (NCCL flat to 64 KiB, published) plus the drafter's passes |",
+        "",
+        "| expert format | MoE path | MoE us at 1 / 4 tokens (per layer) | plain ms | plain tok/s | EAGLE-3 ms "
+        + "".join(f"| EAGLE-3 tok/s, {t} " for t in taus)
+        + "|",
+        "|---|---|---|---|---|---|" + "---|" * len(taus),
+    ]
     for name, by_t in rows.items():
         if 1 not in by_t or 1 + k not in by_t:
             continue
-        paths = [("vLLM's kernel", "us_per_call")] + ([("ours", "ours_us_per_call")]
-                                                      if by_t[1].get("ours_us_per_call") else [])  # fmt: skip
+        paths = [("vLLM's kernel", "us_per_call")] + (
+            [("ours", "ours_us_per_call")] if by_t[1].get("ours_us_per_call") else []
+        )
         for label, key in paths:
             m1, m4 = by_t[1][key], by_t[1 + k][key]
             plain = other_ms + MOE_LAYERS * m1 / 1000 + ar_plain
             spec = other_ms * r_other + MOE_LAYERS * m4 / 1000 + ar_spec
-            L.append(f"| {name} | {label} | {m1:.1f} / {m4:.1f} | {plain:.2f} | {1000 / plain:.0f} | {spec:.2f} "
-                     + "".join(f"| {t * 1000 / spec:.0f} " for t in taus.values()) + "|")  # fmt: skip
-    L += ["", f"Published beside it (K2.6, INT4 experts through Marlin, 8x RTX PRO 6000, a vLLM of April 2026): plain "
-          f"{PUBLISHED_K26['plain_tok_s']} tok/s, best EAGLE-3 {PUBLISHED_K26['eagle3_tok_s']} tok/s. What differs "
-          "from the w4a16-g32 rows: their all-reduce and non-MoE time (unknown: not published per part), their "
-          "drafter's acceptance (unknown), their Marlin MoE on sm_120 (not measured here). The model's rows take "
-          "the users' GGUF rig as the base, so they are not a prediction of that published rig.", ""]  # fmt: skip
+            L.append(
+                f"| {name} | {label} | {m1:.1f} / {m4:.1f} | {plain:.2f} | {1000 / plain:.0f} | {spec:.2f} "
+                + "".join(f"| {t * 1000 / spec:.0f} " for t in taus.values())
+                + "|"
+            )
+    L += [
+        "",
+        f"Published beside it (K2.6, INT4 experts through Marlin, 8x RTX PRO 6000, a vLLM of April 2026): plain "
+        f"{PUBLISHED_K26['plain_tok_s']} tok/s, best EAGLE-3 {PUBLISHED_K26['eagle3_tok_s']} tok/s. What differs "
+        "from the w4a16-g32 rows: their all-reduce and non-MoE time (unknown: not published per part), their "
+        "drafter's acceptance (unknown), their Marlin MoE on sm_120 (not measured here). The model's rows take "
+        "the users' GGUF rig as the base, so they are not a prediction of that published rig.",
+        "",
+    ]
     return L
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--quant-moe", type=Path, default=DEFAULT_QUANT,
-                    help="benchmarks/quant_moe/run.py's JSON: MoE kernel times per expert format")  # fmt: skip
+    ap.add_argument(
+        "--quant-moe",
+        type=Path,
+        default=DEFAULT_QUANT,
+        help="benchmarks/quant_moe/run.py's JSON: MoE kernel times per expert format",
+    )
     a = ap.parse_args()
     text = render(" ".join(["python3", "benchmarks/pcie_allreduce_model.py", *sys.argv[1:]]))
     text += "\n".join(quant_section(a.quant_moe.resolve()))

@@ -57,12 +57,21 @@ def measure(model: str, seq: int, batch: int, rounds: int) -> dict:
 
     cfg = json.loads((Path(model) / "config.json").read_text())
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the router probe goes by collective_rpc
-    llm = LLM(model=model, dtype="bfloat16", load_format="dummy", skip_tokenizer_init=True,
-              max_model_len=seq + 16, max_num_seqs=batch, max_num_batched_tokens=seq * batch,
-              enable_prefix_caching=False, gpu_memory_utilization=0.88, seed=0,
-              # batches of seq x batch tokens run outside CUDA graphs and Inductor's fusions are
-              # elementwise: eager saves the device call ~1-2 min of compiling and capturing
-              enforce_eager=True)  # fmt: skip
+    llm = LLM(
+        model=model,
+        dtype="bfloat16",
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=seq + 16,
+        max_num_seqs=batch,
+        max_num_batched_tokens=seq * batch,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.88,
+        seed=0,
+        # batches of seq x batch tokens run outside CUDA graphs and Inductor's fusions are
+        # elementwise: eager saves the device call ~1-2 min of compiling and capturing
+        enforce_eager=True,
+    )
     spread = llm.collective_rpc(_experts_per_verify, args=(3, True))[0]
     rng = random.Random(0)
     vocab = cfg["vocab_size"]
@@ -78,11 +87,27 @@ def measure(model: str, seq: int, batch: int, rounds: int) -> dict:
     times = [one_round() for _ in range(rounds)]
     f = slice_flops_per_token(cfg, seq)
     tok_s = batch * seq / min(times)
-    return {"config": {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                           "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok")},
-            "seq": seq, "batch": batch, "round_s": [round(t, 4) for t in times], "tokens_per_s": round(tok_s, 1),
-            "ms_per_token_per_layer": round(1000 / tok_s / f["layers"], 6), **f,
-            "achieved_tflops": round(tok_s * f["flops_per_token"] / 1e12, 2), "routing": spread}  # fmt: skip
+    return {
+        "config": {
+            k: cfg[k]
+            for k in (
+                "num_hidden_layers",
+                "hidden_size",
+                "num_attention_heads",
+                "moe_intermediate_size",
+                "n_routed_experts",
+                "num_experts_per_tok",
+            )
+        },
+        "seq": seq,
+        "batch": batch,
+        "round_s": [round(t, 4) for t in times],
+        "tokens_per_s": round(tok_s, 1),
+        "ms_per_token_per_layer": round(1000 / tok_s / f["layers"], 6),
+        **f,
+        "achieved_tflops": round(tok_s * f["flops_per_token"] / 1e12, 2),
+        "routing": spread,
+    }
 
 
 def main(argv=None) -> None:
@@ -102,11 +127,16 @@ def main(argv=None) -> None:
     r = measure(a.model, a.seq, a.batch, a.rounds)
     peak = GPUS[H200_KEY].bf16_dense_tflops
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (a smoke run: no efficiency to use)"
-    r.update(gpu=device, vllm=vllm.__version__, engine_route=os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel"),
-             peak_bf16_dense_tflops=peak, peak_source=GPUS[H200_KEY].source,
-             efficiency=round(r["achieved_tflops"] / peak, 4),
-             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             command=" ".join(["python", "benchmarks/prefill_throughput.py", *(argv or sys.argv[1:])]))  # fmt: skip
+    r.update(
+        gpu=device,
+        vllm=vllm.__version__,
+        engine_route=os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel"),
+        peak_bf16_dense_tflops=peak,
+        peak_source=GPUS[H200_KEY].source,
+        efficiency=round(r["achieved_tflops"] / peak, 4),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join(["python", "benchmarks/prefill_throughput.py", *(argv or sys.argv[1:])]),
+    )
     fileio.write_json(str(a.out), r)
     print(json.dumps(r, indent=1))
 

@@ -76,8 +76,15 @@ def main() -> int:
                 ks = kernels(
                     lambda qq=qq, kk=kk, cache=cache: ops.rotary_embedding(positions, qq, kk, head, cache, True)
                 )
-                rows.append({"positions": n_pos, "kv_heads": kv_heads, "cache": name, "kernels": ks,
-                             "us_per_op": round(sum(v["us_per_op"] for v in ks.values()), 2)})  # fmt: skip
+                rows.append(
+                    {
+                        "positions": n_pos,
+                        "kv_heads": kv_heads,
+                        "cache": name,
+                        "kernels": ks,
+                        "us_per_op": round(sum(v["us_per_op"] for v in ks.values()), 2),
+                    }
+                )
             if len(out) == 2:
                 (qa, ka), (qb, kb) = out.values()
                 rows[-1]["bit_identical_to_bf16_cache"] = bool(torch.equal(qa, qb) and torch.equal(ka, kb))
@@ -91,11 +98,18 @@ def main() -> int:
         "rows": rows,
     }
     write_text(a.out, json.dumps(result, indent=1) + "\n")
-    md = [f"# vLLM's CUDA rotary op: bf16 vs float32 cos/sin cache on {result['device']}", "",
-          f"Command: `{result['command']}`", f"Date: {result['date']} (vLLM {result['vllm']}, torch {result['torch']})",
-          "", __doc__.split("\n\n")[0].replace("\n", " "), "",
-          "| cache positions | KV heads | cache given to the op | µs per call (kernels) | kernels per call | "
-          "same q/k as the bf16 cache |", "|---:|---:|---|---:|---|---|"]  # fmt: skip
+    md = [
+        f"# vLLM's CUDA rotary op: bf16 vs float32 cos/sin cache on {result['device']}",
+        "",
+        f"Command: `{result['command']}`",
+        f"Date: {result['date']} (vLLM {result['vllm']}, torch {result['torch']})",
+        "",
+        __doc__.split("\n\n")[0].replace("\n", " "),
+        "",
+        "| cache positions | KV heads | cache given to the op | µs per call (kernels) | kernels per call | "
+        "same q/k as the bf16 cache |",
+        "|---:|---:|---|---:|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             md.append(f"| {r['positions']:,} | {r['kv_heads']} | {r['cache']} | error: {r['error']} | | |")

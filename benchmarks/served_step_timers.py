@@ -23,8 +23,15 @@ from vllm_k2_plugin.patching import REGISTRY
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 # methods no other patch of ours wraps (the patch mechanism refuses a second wrapper)
-TIMED = ("execute_model", "_update_states", "_prepare_inputs", "_preprocess", "_model_forward",
-         "_calc_spec_decode_metadata", "_bookkeeping_sync")  # fmt: skip
+TIMED = (
+    "execute_model",
+    "_update_states",
+    "_prepare_inputs",
+    "_preprocess",
+    "_model_forward",
+    "_calc_spec_decode_metadata",
+    "_bookkeeping_sync",
+)
 _acc: dict[str, float] = {}
 
 
@@ -100,9 +107,12 @@ def report(path: str) -> str:
     for line in open(path):
         row = json.loads(line)
         servers.setdefault((row["role"], row["pid"]), []).append(row)
-    out = [f"Per-step medians (ms) from `{os.path.basename(path)}`, one server per process id in start order; "
-           "'step to step' = median interval between consecutive lines (steps under 200 ms); each "
-           "method: median over the steps that called it (n).", ""]  # fmt: skip
+    out = [
+        f"Per-step medians (ms) from `{os.path.basename(path)}`, one server per process id in start order; "
+        "'step to step' = median interval between consecutive lines (steps under 200 ms); each "
+        "method: median over the steps that called it (n).",
+        "",
+    ]
     for (role, pid), rows in servers.items():
         ts = [r["t"] for r in rows]
         gaps = [1e3 * (b - a) for a, b in zip(ts, ts[1:], strict=False) if b - a < 0.2]

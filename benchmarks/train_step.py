@@ -326,8 +326,11 @@ def _measured_step(run: dict) -> float:
 def _config(run: dict) -> str:
     r = run.get("single") or run["ddp"]
     gpus = "1 GPU" if "single" in run else f"{r['world']} GPUs DDP"
-    return f"{gpus}, batch {r['batch']} x seq {r['seq']}" + (" per GPU" if "ddp" in run else "") + \
-        f", {r['ttt_steps']} TTT steps"  # fmt: skip
+    return (
+        f"{gpus}, batch {r['batch']} x seq {r['seq']}"
+        + (" per GPU" if "ddp" in run else "")
+        + f", {r['ttt_steps']} TTT steps"
+    )
 
 
 def predict(cal, run: dict) -> dict:
@@ -342,8 +345,7 @@ def predict(cal, run: dict) -> dict:
     t_seq = P.seq_time(cal, h200, r["seq"], r["batch"], r["ttt_steps"])["t"]
     if "single" in run:
         t = t_seq + P.optimizer_time(cal, h200)
-        cmd = (f"python -m vllm_k2_tools.train.plan --predict-step --hardware h200 --seq {r['seq']} "
-               f"--batch {r['batch']}")  # fmt: skip
+        cmd = f"python -m vllm_k2_tools.train.plan --predict-step --hardware h200 --seq {r['seq']} --batch {r['batch']}"
         return {"command": cmd, "predicted_step_s": t, "predicted_tokens_per_s": r["batch"] * r["seq"] / t}
     world = r["world"]
     ost = P.optimizer_step_time(cal, h200, t_seq, 1, world, h200.allreduce_gbps)
@@ -391,13 +393,15 @@ def derive(runs: dict, recorded: list[dict], calibration_run: str, ddp_run: str,
                 }
             predictions.append(entry)
         measured = _measured_step(run)
-        checks.append({
-            "kind": kind,
-            "run": name,
-            "predicted_step_s": p["predicted_step_s"],
-            "measured_step_s": measured,
-            "error": (p["predicted_step_s"] - measured) / measured,
-        })  # fmt: skip
+        checks.append(
+            {
+                "kind": kind,
+                "run": name,
+                "predicted_step_s": p["predicted_step_s"],
+                "measured_step_s": measured,
+                "error": (p["predicted_step_s"] - measured) / measured,
+            }
+        )
     single, ddp = runs[calibration_run]["single"], runs[ddp_run]["ddp"]
     one = single["batch"] * single["seq"] / single["step_s"]
     all_ranks = ddp["world"] * ddp["batch"] * ddp["seq"] / ddp["step_s_slowest_rank"]
@@ -460,8 +464,10 @@ def report_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     doc = report(a.raw, a.out, a.calibration_run, a.ddp_run, argv)
     for c in doc["checks"]:
-        print(f"{c['run']:24} {c['kind']:45} predicted {c['predicted_step_s'] * 1e3:6.1f} ms, measured "
-              f"{c['measured_step_s'] * 1e3:6.1f} ms, error {c['error']:+.1%}")  # fmt: skip
+        print(
+            f"{c['run']:24} {c['kind']:45} predicted {c['predicted_step_s'] * 1e3:6.1f} ms, measured "
+            f"{c['measured_step_s'] * 1e3:6.1f} ms, error {c['error']:+.1%}"
+        )
     print(f"DDP scaling efficiency {doc['ddp_scaling']['efficiency']:.1%} -> {a.out}")
     return 0
 

@@ -26,9 +26,12 @@ GREEDY = [
     ("v16-tiny-ours-eagle3-k3-stockdraft", "v16-tiny-ours-eagle3-k3-draftgraph", "draft-step graph vs 0.16's proposer"),
     ("v16-tiny-ours-graphs", "v16-tiny-ours-eagle3-k3-draftgraph", "greedy EAGLE-3 (every patch) vs greedy plain"),
     ("v16-tiny-stock-graphs", "v16-tiny-stock-eagle3-k3", "stock 0.16: greedy EAGLE-3 vs greedy plain"),
-    ("v16-tiny-ours-eagle3-k3-draftgraph-waits", "v16-tiny-ours-eagle3-k3-draftgraph",
-     "async-spec-zero-bubble vs 0.16's wait for the accepted count"),
-]  # fmt: skip
+    (
+        "v16-tiny-ours-eagle3-k3-draftgraph-waits",
+        "v16-tiny-ours-eagle3-k3-draftgraph",
+        "async-spec-zero-bubble vs 0.16's wait for the accepted count",
+    ),
+]
 GPU_PATCHES = tuple(gpu_patches())  # every patch a "stock" case turns off
 
 
@@ -178,18 +181,23 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
         L += [
             f"### Call {call} ({route(runs)})",
             "",
-            "| context | " + " | ".join(have) + "".join(f" | {k} / ours plain" for k in spec)
+            "| context | "
+            + " | ".join(have)
+            + "".join(f" | {k} / ours plain" for k in spec)
             + " | plain: stock / ours |",
             "|---|" + "---:|" * (len(have) + len(spec) + 1),
-        ]  # fmt: skip
+        ]
         for ctx in map(str, CONTEXTS):
             ms = {k: r["contexts"][ctx]["step_ms"] for k, r in have.items() if ctx in r.get("contexts", {})}
             ratios = {k: round(ms[k] / ms["ours plain"], 3) if {k, "ours plain"} <= ms.keys() else "-" for k in spec}
             speed = (
                 round(ms["stock plain"] / ms["ours plain"], 2) if {"stock plain", "ours plain"} <= ms.keys() else "-"
             )
-            summary[f"deep24 {call} {ctx}"] = {**ms, **{f"{k} / ours plain": v for k, v in ratios.items()},
-                                               "plain_stock_over_ours": speed}  # fmt: skip
+            summary[f"deep24 {call} {ctx}"] = {
+                **ms,
+                **{f"{k} / ours plain": v for k, v in ratios.items()},
+                "plain_stock_over_ours": speed,
+            }
             cells = " | ".join(str(ms.get(k, "-")) for k in have)
             L.append(
                 f"| {int(ctx) // 1024}k | {cells}" + "".join(f" | **{v}**" for v in ratios.values()) + f" | {speed} |"
@@ -197,10 +205,12 @@ def deep_section(calls: dict, summary: dict) -> list[str]:
         L += [
             "",
             "Patches in the engines (worker side): "
-            + "; ".join(f"{k}: " + ", ".join(f"{p}={r['patches'].get(p, 'absent')}" for p in GPU_PATCHES + CALL_PATCHES)
-                        for k, r in have.items()),
+            + "; ".join(
+                f"{k}: " + ", ".join(f"{p}={r['patches'].get(p, 'absent')}" for p in GPU_PATCHES + CALL_PATCHES)
+                for k, r in have.items()
+            ),
             "",
-        ]  # fmt: skip
+        ]
         L += not_quite_stock({n: r for n, r in runs.items() if n.startswith("v16-deep24")})
     return L
 
@@ -247,8 +257,10 @@ def zero_bubble_section(calls: dict, summary: dict) -> list[str]:
         if not (on and off):
             continue
         c = compare_greedy(off, on)
-        summary[f"async-spec tiny {call}"] = {"tok_s": [on["single_stream"]["tok_s"], off["single_stream"]["tok_s"]],
-                                              "greedy": c}  # fmt: skip
+        summary[f"async-spec tiny {call}"] = {
+            "tok_s": [on["single_stream"]["tok_s"], off["single_stream"]["tok_s"]],
+            "greedy": c,
+        }
         L.append(
             f"| {call} | {on['engines_at_once']} | {on['single_stream']['tok_s']} / {off['single_stream']['tok_s']} "
             f"| {on['spec']['drafts']} / {off['spec']['drafts']} | {on['spec']['per_pos']} / {off['spec']['per_pos']} "
@@ -266,9 +278,11 @@ def gguf_section(call: str, runs: dict, summary: dict) -> list[str]:
     if not (kept and ref):
         return []
     c = compare_greedy(ref, kept)
-    summary[f"gguf {call}"] = {"tok_s": kept["single_stream"]["tok_s"],
-                               "reference_tok_s": ref["single_stream"]["tok_s"],
-                               "greedy_identical": [c["identical"], c["prompts"]]}  # fmt: skip
+    summary[f"gguf {call}"] = {
+        "tok_s": kept["single_stream"]["tok_s"],
+        "reference_tok_s": ref["single_stream"]["tok_s"],
+        "greedy_identical": [c["identical"], c["prompts"]],
+    }
     return [
         f"## GGUF on 0.16 (trained tiny target): experts kept quantized, call {call} ({route(runs)})",
         "",
@@ -380,10 +394,13 @@ def rope_sections(probes: Path, summary: dict) -> list[str]:
         ]
         for x in r["rows"]:
             ks = "; ".join(f"{v['calls_per_op']:g} x `{k[:48]}`" for k, v in x.get("kernels", {}).items())
-            L.append(f"| {x['positions']:,} | {x['kv_heads']} | {x['cache']} | {x.get('us_per_op', '-')} | "
-                     f"{ks or 'error: ' + x.get('error', '?')[:80]} |")  # fmt: skip
-        summary[f"rope {p.parent.name}"] = [[x["positions"], x["kv_heads"], x["cache"], x.get("us_per_op")]
-                                            for x in r["rows"]]  # fmt: skip
+            L.append(
+                f"| {x['positions']:,} | {x['kv_heads']} | {x['cache']} | {x.get('us_per_op', '-')} | "
+                f"{ks or 'error: ' + x.get('error', '?')[:80]} |"
+            )
+        summary[f"rope {p.parent.name}"] = [
+            [x["positions"], x["kv_heads"], x["cache"], x.get("us_per_op")] for x in r["rows"]
+        ]
         L.append("")
     return L
 

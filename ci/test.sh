@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run). Builds the real vLLM engines (cached), then runs in tiers,
 # each timed:
-#   lint     ruff check . (ruff from an engine venv: ci/engine.sh installs it there)
+#   lint     ruff check . and ruff format --check . (ruff from an engine venv: ci/engine.sh installs it there)
 #   wheel    the runtime wheel (ci/wheel_check.py, ~15 s): built from a clean copy, its size and
 #            file count printed, fails if a tools module (training, benchmarks, tiny models) is in
 #            it; the import time of register() in the latest engine's venv printed, not asserted
@@ -87,9 +87,10 @@ if has "$TIERS" lint; then
     echo "lint: no engine venv with ruff among '$ENGINES' (ci/engine.sh installs it in vllm016 and latest)" >&2
     rc=1
   else
-    echo "=== lint: $("$ruff" --version) check ."
+    echo "=== lint: $("$ruff" --version) check . and format --check ."
     "$ruff" check .
     rc=$?
+    "$ruff" format --check . || rc=1  # the formatter owns the layout
   fi
   summary+=("lint: ruff exit $rc, $(( $(date +%s) - t1 )) s")
   [[ $rc -ne 0 ]] && status=1

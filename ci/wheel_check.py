@@ -37,16 +37,32 @@ TOOLS = "vllm_k2_tools"
 #: `train`, `bench` and `fixture` when they are installed (and says what to install otherwise).
 OPTIONAL_HOOKS = {(f"{RUNTIME}/cli.py", f"{TOOLS}.cli")}
 #: Where the tools lived inside the runtime package before the split: none may come back.
-OLD_TOOL_PATHS = ("train/", "bench/", "fixtures/", "mla/bench.py", "mla/stock.py", "mla/roofline.py", "procs.py",
-                  "speculators_compat/dataset.py")  # fmt: skip
+OLD_TOOL_PATHS = (
+    "train/",
+    "bench/",
+    "fixtures/",
+    "mla/bench.py",
+    "mla/stock.py",
+    "mla/roofline.py",
+    "procs.py",
+    "speculators_compat/dataset.py",
+)
 
 
 def clean_copy(dest: Path) -> Path:
     """The checkout's files as a fresh clone of this working tree would have them (tracked and
     new, not ignored): no build/, egg-info or caches."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                                check=True, capture_output=True).stdout.decode().split("\0")  # fmt: skip
+        listed = (
+            subprocess.run(
+                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                cwd=REPO,
+                check=True,
+                capture_output=True,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked archive)
         skip = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
         shutil.copytree(REPO, dest, ignore=skip, symlinks=True)
@@ -151,21 +167,26 @@ def time_register(python: str, site: Path, work: Path) -> list[str]:
     problems = []
     runs = []
     for _ in range(5):
-        out = subprocess.run([python, "-c", ENTRY_POINT], env=env, cwd=work, check=True, capture_output=True,
-                             text=True).stdout.split()  # fmt: skip
+        out = subprocess.run(
+            [python, "-c", ENTRY_POINT], env=env, cwd=work, check=True, capture_output=True, text=True
+        ).stdout.split()
         runs.append(float(out[0]))
         if not out[1].startswith(str(site)):
             problems.append(f"timed {out[1]}, not the wheel's copy under {site}")
     ms = ", ".join(f"{r * 1e3:.1f}" for r in runs)
-    print(f"  entry point (import vllm_k2_plugin; vllm_k2_plugin.register), fresh interpreter: "
-          f"median {statistics.median(runs) * 1e3:.1f} ms (runs: {ms} ms)")  # fmt: skip
+    print(
+        f"  entry point (import vllm_k2_plugin; vllm_k2_plugin.register), fresh interpreter: "
+        f"median {statistics.median(runs) * 1e3:.1f} ms (runs: {ms} ms)"
+    )
     r = subprocess.run([python, "-c", IN_VLLM], env=env, cwd=work, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         return problems + [f"register() in a vLLM process failed:\n{r.stderr[-3000:]}"]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"  register() in a process that imported vLLM {got['vllm']}: {got['modules_s'] * 1e3:.0f} ms importing "
-          f"{len(got['plugin_modules'])} plugin modules, then {got['apply_s']:.2f} s applying {got['patches']} "
-          "patches (importing the vLLM modules they change)")  # fmt: skip
+    print(
+        f"  register() in a process that imported vLLM {got['vllm']}: {got['modules_s'] * 1e3:.0f} ms importing "
+        f"{len(got['plugin_modules'])} plugin modules, then {got['apply_s']:.2f} s applying {got['patches']} "
+        "patches (importing the vLLM modules they change)"
+    )
     if not got["file"].startswith(str(site)):
         problems.append(f"register() ran {got['file']}, not the wheel's copy under {site}")
     if got["tools_modules"]:
@@ -190,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             z.extractall(tmp / "site")
         with zipfile.ZipFile(tools) as z:
             tool_names = [n for n in z.namelist() if not n.endswith("/")]
-        problems += [f"{tools.name}: {n} belongs to the runtime wheel"
-                     for n in tool_names if n.startswith(f"{RUNTIME}/")]  # fmt: skip
+        problems += [
+            f"{tools.name}: {n} belongs to the runtime wheel" for n in tool_names if n.startswith(f"{RUNTIME}/")
+        ]
         modules = sum(n.endswith(".py") for n in names)
-        print(f"runtime wheel {runtime.name}: {runtime.stat().st_size / 1024:.0f} KiB, {len(names)} files "
-              f"({modules} Python modules), top-level: {', '.join(packages)}")  # fmt: skip
+        print(
+            f"runtime wheel {runtime.name}: {runtime.stat().st_size / 1024:.0f} KiB, {len(names)} files "
+            f"({modules} Python modules), top-level: {', '.join(packages)}"
+        )
         print(f"tools wheel   {tools.name}: {tools.stat().st_size / 1024**2:.1f} MiB, {len(tool_names)} files")
         print(f"timing in {args.python}")
         problems += time_register(args.python, tmp / "site", tmp)

@@ -52,10 +52,15 @@ def _record(ctx):
                     n == 1 + len(spec.get(req, ())) for req, n in out.num_scheduled_tokens.items()
                 )
                 one_each = all(n == 1 for n in out.num_scheduled_tokens.values())  # nothing to verify
-                line = {"k": int(out.num_spec_tokens_to_schedule), "pure_decode": pure, "one_token_each": one_each,
-                        "drafts": sum(len(v) for v in spec.values()), "drafter_passes": passes[0],
-                        "rejection_sampler_calls": rejections[0],
-                        "draft_requests_for_previous_step": takes_before}  # fmt: skip
+                line = {
+                    "k": int(out.num_spec_tokens_to_schedule),
+                    "pure_decode": pure,
+                    "one_token_each": one_each,
+                    "drafts": sum(len(v) for v in spec.values()),
+                    "drafter_passes": passes[0],
+                    "rejection_sampler_calls": rejections[0],
+                    "draft_requests_for_previous_step": takes_before,
+                }
                 with open(os.environ["DRAFTER_PASS_RECORD"], "a") as f:
                     f.write(json.dumps(line) + "\n")
             return result

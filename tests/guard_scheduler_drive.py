@@ -37,10 +37,14 @@ def main(target: str, draft: str, cases: list[str]) -> dict:
     from vllm_k2_plugin.patching import REGISTRY
 
     args = EngineArgs(
-        model=target, dtype="float32", max_model_len=512, max_num_seqs=REQUESTS, enforce_eager=True,
+        model=target,
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=REQUESTS,
+        enforce_eager=True,
         enable_prefix_caching=False,
         speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": K},
-    )  # fmt: skip
+    )
     config = args.create_engine_config()
     config.cache_config.num_gpu_blocks = 512  # the engine core sets it from the profiled memory
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
@@ -64,8 +68,13 @@ def drive(config, kv, accept: str, mode: str) -> dict:
     from vllm_k2_plugin.spec_guard.patch import ATTR, drafter_skipped
 
     cls = AsyncScheduler if mode == "async" else Scheduler
-    sched = cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-                block_size=16, log_stats=True)  # fmt: skip
+    sched = cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=16,
+        log_stats=True,
+    )
     for i in range(REQUESTS):
         params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
         sched.add_request(Request(f"r{i}", list(range(1, PROMPT + 1 + i)), params, None, eos_token_id=None))
@@ -83,10 +92,17 @@ def drive(config, kv, accept: str, mode: str) -> dict:
             else:
                 sampled.append([TOKEN] * (1 + (drafts.get(r, 0) if accept == "always" else 0)))
         skipped = drafter_skipped(out)
-        steps.append({"k": getattr(out, "num_spec_tokens_to_schedule", None), "drafts": drafts, "skipped": skipped,
-                      "batch": len(req_ids)})  # fmt: skip
-        result = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                   sampled_token_ids=sampled)  # fmt: skip
+        steps.append(
+            {
+                "k": getattr(out, "num_spec_tokens_to_schedule", None),
+                "drafts": drafts,
+                "skipped": skipped,
+                "batch": len(req_ids),
+            }
+        )
+        result = ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
+        )
         for engine_outputs in sched.update_from_output(out, result).values():
             for o in engine_outputs.outputs:
                 outputs[o.request_id] += len(o.new_token_ids)

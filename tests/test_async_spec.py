@@ -59,10 +59,16 @@ def test_correction_gives_what_exact_counts_would():
     count = torch.tensor([accepted[2] + 1, accepted[3] + 1, 1, accepted[0] + 1], dtype=torch.int32)
     ends = np.cumsum(scheduled)
     correct_on_device(
-        rows=rows, starts=[int(ends[i] - scheduled[i]) for i in rows], ends=[int(ends[i]) for i in rows],
-        prev_rows=[3, 0, 1], drafts=[int(drafts[i]) for i in rows], count=count, positions=positions,
-        seq_lens=seq_lens, tables=[(table.block_table.gpu, slots, table.block_size)],
-    )  # fmt: skip
+        rows=rows,
+        starts=[int(ends[i] - scheduled[i]) for i in rows],
+        ends=[int(ends[i]) for i in rows],
+        prev_rows=[3, 0, 1],
+        drafts=[int(drafts[i]) for i in rows],
+        count=count,
+        positions=positions,
+        seq_lens=seq_lens,
+        tables=[(table.block_table.gpu, slots, table.block_size)],
+    )
     n = int(ends[-1])
     assert positions.tolist() == want[0].tolist()
     assert seq_lens.tolist() == want[1].tolist()
@@ -101,9 +107,15 @@ def test_host_books_follow_the_count():
 
     def request(req_id, computed, outputs, drafts):
         r = CachedRequestState(
-            req_id=req_id, prompt_token_ids=[1, 2, 3], mm_features=[], sampling_params=None, generator=None,
-            block_ids=([0],), num_computed_tokens=computed, output_token_ids=list(outputs),
-        )  # fmt: skip
+            req_id=req_id,
+            prompt_token_ids=[1, 2, 3],
+            mm_features=[],
+            sampling_params=None,
+            generator=None,
+            block_ids=([0],),
+            num_computed_tokens=computed,
+            output_token_ids=list(outputs),
+        )
         r.prev_num_draft_len = drafts
         return r
 

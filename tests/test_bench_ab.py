@@ -23,10 +23,30 @@ def bench(k25_model, fixture_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     serve = "--dtype float32 --max-model-len 512 --enforce-eager --trust-remote-code --max-num-seqs 4"
     cmd = [
-        sys.executable, "-m", "vllm_k2_plugin.cli", "bench", "ab", "--target", k25_model,
-        "--mode", "ngram", "--mode", f"eagle3={draft}", "--serve-args", serve,
-        "--concurrency", "1", "--rounds", "1", "--max-tokens", "24", "--limit", "3", "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm_k2_plugin.cli",
+        "bench",
+        "ab",
+        "--target",
+        k25_model,
+        "--mode",
+        "ngram",
+        "--mode",
+        f"eagle3={draft}",
+        "--serve-args",
+        serve,
+        "--concurrency",
+        "1",
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "24",
+        "--limit",
+        "3",
+        "--out",
+        str(out),
+    ]
     # MHA path: an MLA target + Llama drafter has no common KV block size on vLLM-CPU
     proc = subprocess.run(cmd, env=engine_env(VLLM_MLA_DISABLE="1"), capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -12,8 +12,7 @@ pytestmark = pytest.mark.vllm_independent
 
 def _ran(texts: list[str], tok_s: float) -> dict:
     counters = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": []}
-    return {"texts": texts, "by_concurrency": {"1": {"tok_per_s_per_request_median": tok_s}},
-            "spec_counters": counters}  # fmt: skip
+    return {"texts": texts, "by_concurrency": {"1": {"tok_per_s_per_request_median": tok_s}}, "spec_counters": counters}
 
 
 def test_a_mode_that_never_ran_has_no_lossless_verdict():
@@ -29,8 +28,9 @@ def test_sampled_requests_are_left_out_of_the_lossless_check_and_load_figures_su
     cfg = ABConfig(model="m", modes=[Mode.parse("baseline"), Mode.parse("ngram")], prompts=[])
     base, spec = _ran(["a", None], 10.0), _ran(["a", None], 12.0)  # None: a sampled request
     base["by_concurrency"]["1"].update(aggregate_tok_per_s=40.0, tpot_s_p99=0.02, preemptions=1.0)
-    spec["by_concurrency"]["1"].update(aggregate_tok_per_s=30.0, tpot_s_p99=0.05, preemptions=3.0,
-                                       acceptance={"mean_acceptance_length": 1.4})  # fmt: skip
+    spec["by_concurrency"]["1"].update(
+        aggregate_tok_per_s=30.0, tpot_s_p99=0.05, preemptions=3.0, acceptance={"mean_acceptance_length": 1.4}
+    )
     s = summarize_rounds(cfg, [{"baseline": base, "ngram-k3": spec}])
     assert s["lossless"] == {"baseline": [], "ngram-k3": []}
     one = s["ngram-k3"]["1"]

@@ -68,7 +68,7 @@ def test_every_subcommand_speaks_the_one_vocabulary():
         ["fixture", "k25", "o"],
         ["bench", "ab", "t", "--mode", "ngram"],
     ],
-)  # fmt: skip
+)
 def test_dev_only_spellings_are_gone(old, capsys):
     """Spellings from before the vocabulary was fixed are refused, not kept as aliases."""
     with pytest.raises(SystemExit):

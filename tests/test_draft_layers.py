@@ -18,9 +18,18 @@ H, V = 64, 96
 
 
 def _cfg(layers: int) -> DraftConfig:
-    return DraftConfig(hidden_size=H, target_hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       intermediate_size=128, draft_vocab_size=V, vocab_size=V, aux_layer_ids=[1, 2, 3],
-                       num_hidden_layers=layers)  # fmt: skip
+    return DraftConfig(
+        hidden_size=H,
+        target_hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        draft_vocab_size=V,
+        vocab_size=V,
+        aux_layer_ids=[1, 2, 3],
+        num_hidden_layers=layers,
+    )
 
 
 def _model(layers: int, seed: int = 0) -> Eagle3Draft:
@@ -92,9 +101,14 @@ def test_two_layer_export_names_and_reads_back(tmp_path, layout, monkeypatch):
     save_file({k: v.contiguous() for k, v in model.exported_state_dict().items()}, str(ck))
     target = tmp_path / "target"  # what export reads of a target: its config and embedding
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
-                                                    "text_config": {"num_hidden_layers": 4, "hidden_size": H,
-                                                                    "vocab_size": V}}))  # fmt: skip
+    (target / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "text_config": {"num_hidden_layers": 4, "hidden_size": H, "vocab_size": V},
+            }
+        )
+    )
     monkeypatch.setattr("vllm_k2_tools.train.target_weights.load_tensor", lambda t, name: model.embed_tokens)
     out = tmp_path / "export"
     export(str(ck), {"draft": model.cfg.to_dict()}, str(target), str(out), layout=layout, dtype="float32")

@@ -34,8 +34,11 @@ def test_depth_fit_on_known_numbers():
     0.12 ms (EAGLE-3), off-GPU 0.5 / 1 ms at 12 layers -> the values at 61 layers."""
 
     def case(busy, wall):
-        return {"wall_ms_per_step": wall, "profile": {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0},
-                "contexts": {"4096": {"step_ms": wall}}}  # fmt: skip
+        return {
+            "wall_ms_per_step": wall,
+            "profile": {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0},
+            "contexts": {"4096": {"step_ms": wall}},
+        }
 
     runs = {}
     for layers in (6, 12):
@@ -45,8 +48,13 @@ def test_depth_fit_on_known_numbers():
         runs[draft_step_report.DEPTH_STEPS[layers]["plain"]] = case(plain, plain)
         runs[draft_step_report.DEPTH_STEPS[layers]["eagle3"]] = case(spec, spec)
     d = draft_step_report.depth_fit(runs)
-    assert d["fit"]["plain"] == {"per_layer_ms": 0.1, "fixed_ms": 1.0, "off_gpu_ms_at_12": 0.5,
-                                 "gpu_busy_ms_at_61": 7.1, "step_ms_at_61": 7.6}  # fmt: skip
+    assert d["fit"]["plain"] == {
+        "per_layer_ms": 0.1,
+        "fixed_ms": 1.0,
+        "off_gpu_ms_at_12": 0.5,
+        "gpu_busy_ms_at_61": 7.1,
+        "step_ms_at_61": 7.6,
+    }
     assert d["fit"]["eagle3"]["gpu_busy_ms_at_61"] == round(2 + 0.12 * 61, 3)
     assert d["spec_over_plain"]["step_61_modelled"] == round((2 + 0.12 * 61 + 1) / 7.6, 2)
 
@@ -56,8 +64,11 @@ def test_deep_ratios_are_over_the_same_calls_plain_case():
     call's), and the depth fit is evaluated at 24 layers."""
 
     def steps(name, ms, rounds=(1.0, 0.5, 0.5, 0.55)):
-        return {"case": {"name": name, "task": "steps", "model": "s24"}, "date": "2026-12-02T00:00",
-                "contexts": {"4096": {"step_ms": ms, "request_s": {"1": [0.1] * 4, "129": list(rounds)}}}}  # fmt: skip
+        return {
+            "case": {"name": name, "task": "steps", "model": "s24"},
+            "date": "2026-12-02T00:00",
+            "contexts": {"4096": {"step_ms": ms, "request_s": {"1": [0.1] * 4, "129": list(rounds)}}},
+        }
 
     def prof(name, wall, busy, spec=False, ctx=4096):
         profile = {"gpu_busy_ms_per_step": busy, "kernels_per_step": 1.0}
@@ -66,20 +77,33 @@ def test_deep_ratios_are_over_the_same_calls_plain_case():
 
     r = draft_step_report
     leases = {
-        "lease1": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 4.0), "e3": steps("e3", 6.0),
-                   r.DEEP_PROF_PLAIN: prof(r.DEEP_PROF_PLAIN, 4.0, 2.0), "p3": prof("p3", 5.0, 3.0, spec=True),
-                   "p3-32k": prof("p3-32k", 9.0, 6.0, spec=True, ctx=32768)},
-        "lease2": {r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 2.0), "e3": steps("e3", 3.0, rounds=(1.0, 0.5, 0.7, 0.5)),
-                   "p32k": prof("p32k", 6.0, 4.0, ctx=32768), "p3-32k": prof("p3-32k", 7.0, 5.0, spec=True, ctx=32768)},
-    }  # fmt: skip
+        "lease1": {
+            r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 4.0),
+            "e3": steps("e3", 6.0),
+            r.DEEP_PROF_PLAIN: prof(r.DEEP_PROF_PLAIN, 4.0, 2.0),
+            "p3": prof("p3", 5.0, 3.0, spec=True),
+            "p3-32k": prof("p3-32k", 9.0, 6.0, spec=True, ctx=32768),
+        },
+        "lease2": {
+            r.DEEP_PLAIN: steps(r.DEEP_PLAIN, 2.0),
+            "e3": steps("e3", 3.0, rounds=(1.0, 0.5, 0.7, 0.5)),
+            "p32k": prof("p32k", 6.0, 4.0, ctx=32768),
+            "p3-32k": prof("p3-32k", 7.0, 5.0, spec=True, ctx=32768),
+        },
+    }
     fit = {"plain": {"fixed_ms": 0.1, "per_layer_ms": 0.1}, "eagle3": {"fixed_ms": 1.0, "per_layer_ms": 0.2}}
     d = r.deep_summary(leases, fit)
     assert d["lease1"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
     assert d["lease2"]["steps"]["e3"]["4096"]["over_plain"] == 1.5
-    assert d["lease1"]["profiled"]["p3"] | {} == {"context": 4096, "wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 3.0,
-                                                  "kernels_per_step": 1.0, "wall_over_plain": 1.25,
-                                                  "busy_over_plain": 1.5,
-                                                  "attention_ms": dict.fromkeys(r.ATTENTION_KERNELS)}  # fmt: skip
+    assert d["lease1"]["profiled"]["p3"] | {} == {
+        "context": 4096,
+        "wall_ms_per_step": 5.0,
+        "gpu_busy_ms_per_step": 3.0,
+        "kernels_per_step": 1.0,
+        "wall_over_plain": 1.25,
+        "busy_over_plain": 1.5,
+        "attention_ms": dict.fromkeys(r.ATTENTION_KERNELS),
+    }
     # a profile reads against the same call's plain profile at its own context, or none
     assert "busy_over_plain" not in d["lease1"]["profiled"]["p3-32k"]
     assert d["lease2"]["profiled"]["p3-32k"]["busy_over_plain"] == 1.25
@@ -113,12 +137,20 @@ def test_idle_gaps_and_host_waits_on_known_events():
         ("k3", "k4", 0.045),
         ("k2", "k3", 0.025),
     ]
-    prof = SimpleNamespace(events=lambda: [ev("cudaEventSynchronize", 0, 30), ev("cudaLaunchKernel", 0, 500),
-                                           ev("cudaMemcpy", 40, 50), ev("cudaEventSynchronize", 60, 70)])  # fmt: skip
+    prof = SimpleNamespace(
+        events=lambda: [
+            ev("cudaEventSynchronize", 0, 30),
+            ev("cudaLaunchKernel", 0, 500),
+            ev("cudaMemcpy", 40, 50),
+            ev("cudaEventSynchronize", 60, 70),
+        ]
+    )
     w = e2e._host_waits(prof, steps=2)
     assert w["ms_per_step"] == 0.025
-    assert w["by_call"] == [{"call": "cudaEventSynchronize", "calls": 1.0, "ms": 0.02},
-                            {"call": "cudaMemcpy", "calls": 0.5, "ms": 0.005}]  # fmt: skip
+    assert w["by_call"] == [
+        {"call": "cudaEventSynchronize", "calls": 1.0, "ms": 0.02},
+        {"call": "cudaMemcpy", "calls": 0.5, "ms": 0.005},
+    ]
 
 
 def test_stock_against_ours_reads_each_call_and_sorts_kernels_by_role(tmp_path):
@@ -131,9 +163,13 @@ def test_stock_against_ours_reads_each_call_and_sorts_kernels_by_role(tmp_path):
         return {"case": {"name": name}, "date": "2026-12-03T00:00", "contexts": ctx}
 
     def prof(name, wall, busy, idle, wait, kernels):
-        profile = {"gpu_busy_ms_per_step": busy, "gpu_idle": {"ms_per_step": idle},
-                   "host_waits": {"ms_per_step": wait}, "kernels_per_step": 10.0,
-                   "kernels_full_names": [{"kernel": k, "ms": ms} for k, ms in kernels]}  # fmt: skip
+        profile = {
+            "gpu_busy_ms_per_step": busy,
+            "gpu_idle": {"ms_per_step": idle},
+            "host_waits": {"ms_per_step": wait},
+            "kernels_per_step": 10.0,
+            "kernels_full_names": [{"kernel": k, "ms": ms} for k, ms in kernels],
+        }
         return {"case": {"name": name}, "date": "2026-12-03T00:01", "wall_ms_per_step": wall, "profile": profile}
 
     ms = {("ours", "plain"): 2.0, ("ours", "eagle3"): 3.0, ("stock", "plain"): 8.0, ("stock", "eagle3"): 24.0}
@@ -158,7 +194,11 @@ def test_stock_against_ours_reads_each_call_and_sorts_kernels_by_role(tmp_path):
     assert (x["ours_ratio"], x["stock_ratio"], x["speedup_plain"], x["speedup_eagle3"]) == (1.5, 3.0, 4.0, 8.0)
     assert x["ours_plain_spread"] == 1.2
     roles = s["profiled"]["ours_eagle3"]["roles"]
-    assert roles == {"MoE experts": 1.0, "target attention, decode kernels": 2.75,
-                     "target attention, prefill path (verify)": 0.0, "drafter attention": 0.125}  # fmt: skip
+    assert roles == {
+        "MoE experts": 1.0,
+        "target attention, decode kernels": 2.75,
+        "target attention, prefill path (verify)": 0.0,
+        "drafter attention": 0.125,
+    }
     text = "\n".join(r.stock24_markdown(s))
     assert "stock the GPU waits for the host" in text and "ours the host waits for the GPU" in text

@@ -96,8 +96,12 @@ def test_metrics_show_drafts_proposed_and_accepted(latest_runs, layout):
 def test_a_second_layer_that_passes_through_drafts_as_one_layer(latest_runs):
     """vLLM builds and loads the exported second layer (hidden-size qkv, no hidden_norm) and
     chains it after the first: an identity second layer leaves every draft unchanged."""
-    keys = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")  # fmt: skip
+    keys = (
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    )
     one, two = latest_runs["export"]["metrics"], latest_runs["two-layer"]["metrics"]
     assert [two[k] for k in keys] == [one[k] for k in keys]
 

@@ -38,8 +38,12 @@ def test_k_b_not_transposed_fails_naming_the_tensor(text_model, tmp_path, capsys
 
     # [heads, nope, kv_lora]: k_b as HF slices it, without llama.cpp's transpose
     wrong = np.zeros((4, 128, 512), np.float32)
-    paths = write_gguf(text_model, str(tmp_path / "wrong.gguf"), drop=("blk.3.attn_k_b.weight",),
-                       extra={"blk.3.attn_k_b.weight": wrong})  # fmt: skip
+    paths = write_gguf(
+        text_model,
+        str(tmp_path / "wrong.gguf"),
+        drop=("blk.3.attn_k_b.weight",),
+        extra={"blk.3.attn_k_b.weight": wrong},
+    )
     code, _, err = _check(capsys, paths[0], "--hf-config-path", text_model)
     assert code == 1
     assert err.strip() == (

@@ -36,15 +36,37 @@ import torch  # noqa: E402
 
 pytestmark = pytest.mark.vllm016
 
-ORDER = ("Q4_K", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-         "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+ORDER = (
+    "Q4_K",
+    "Q2_K",
+    "Q3_K",
+    "Q5_K",
+    "Q6_K",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
+)
 EXPERTS, HIDDEN, INTERMEDIATE = 8, 512, 256  # intermediate 256: one K-quant block per w2 row
 # (name, gate_up type, down type, tokens, top_k): every type once as both tensors, token counts
 # 1 / 3 / 8 and top-k 2..4 in turn; then a mix (Q2_K_XL's), the 32-weight types' single-block step,
 # and experts holding more tokens than one pass takes
 CASES = [(t, t, t, (1, 3, 8)[i % 3], 2 + i % 3) for i, t in enumerate(ORDER)]
-CASES += [("Q2_K+Q3_K", "Q2_K", "Q3_K", 8, 4), ("Q8_0-h96", "Q8_0", "Q4_0", 3, 2),
-          ("Q4_1-t40", "Q4_1", "Q4_1", 40, 4)]  # ~20 tokens per expert: more than one 16-token pass
+CASES += [
+    ("Q2_K+Q3_K", "Q2_K", "Q3_K", 8, 4),
+    ("Q8_0-h96", "Q8_0", "Q4_0", 3, 2),
+    ("Q4_1-t40", "Q4_1", "Q4_1", 40, 4),
+]  # ~20 tokens per expert: more than one 16-token pass
 
 
 def reference(x, w1, w2, topk_weights, topk_ids, t1: str, t2: str) -> torch.Tensor:
@@ -85,8 +107,7 @@ def run_case(i: int) -> str:
     x, w1, w2, weights, ids = make_case(t1, t2, tokens, top_k, hidden, seed=i + 1)
     # wide row tiles (gate/up: 4 tiles, down: 2): fewer interpreted programs, still several per expert;
     # the gate/up rows split over K (fp32 partials summed after) in every other case, whole in the rest
-    got = fused_moe_gguf_grouped(x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256,
-                                 ksplit1=1 if i % 2 else 8)
+    got = fused_moe_gguf_grouped(x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256, ksplit1=1 if i % 2 else 8)
     ref = reference(x, w1, w2, weights, ids, t1, t2)
     if got.shape != ref.shape or got.dtype != x.dtype:
         return f"FAIL shape/dtype {tuple(got.shape)} {got.dtype}"
@@ -131,8 +152,17 @@ def test_bad_arguments_name_the_argument():
         fused_moe_gguf_grouped(x, w1, w2, weights[:, :1], ids, "Q4_K", "Q4_K")
 
 
-GPU_PAIRS = [("Q4_K", "Q4_K"), ("Q2_K", "Q3_K"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_0"), ("IQ2_XXS", "IQ2_XS"),
-             ("IQ4_XS", "IQ4_NL"), ("IQ1_M", "IQ1_S"), ("IQ3_S", "IQ2_S"), ("Q5_K", "IQ3_XXS")]
+GPU_PAIRS = [
+    ("Q4_K", "Q4_K"),
+    ("Q2_K", "Q3_K"),
+    ("Q6_K", "Q6_K"),
+    ("Q8_0", "Q4_0"),
+    ("IQ2_XXS", "IQ2_XS"),
+    ("IQ4_XS", "IQ4_NL"),
+    ("IQ1_M", "IQ1_S"),
+    ("IQ3_S", "IQ2_S"),
+    ("Q5_K", "IQ3_XXS"),
+]
 
 
 @pytest.mark.gpu

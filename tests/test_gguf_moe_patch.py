@@ -48,8 +48,19 @@ def test_choice_answers_each_token_count_from_the_next_timed_one():
     ours = [t <= 8 or t == 32 for t in TIMED_TOKENS]
     c = Choice(ours=ours)
     assert [c.use_ours(t) for t in (1, 7, 8, 9, 12, 13, 24, 25, 32, 33, 64, 65)] == [
-        True, True, True, False, False, False, False, True, True, False, False, False,
-    ]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert not Choice(why="self-check failed").use_ours(1)
 
 

@@ -54,8 +54,9 @@ def test_launcher_split_choice_is_near_the_sweeps_best():
     assert result["split_sweep"], "the committed run must include the split sweep"
     device = configs.Device(**result["device_limits"])
     for rec in result["split_sweep"]:
-        pick = launcher.plan(rec["batch"], rec["heads"], rec["q_len"], rec["context"], result["page_size"],
-                             rec["kv"] == "fp8", device).num_splits  # fmt: skip
+        pick = launcher.plan(
+            rec["batch"], rec["heads"], rec["q_len"], rec["context"], result["page_size"], rec["kv"] == "fp8", device
+        ).num_splits
         times = rec["kernel_us"]
         assert str(pick) in times, (rec, pick)
         assert times[str(pick)] <= 1.05 * min(times.values()), (rec["batch"], rec["context"], rec["kv"], pick)

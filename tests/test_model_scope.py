@@ -32,8 +32,11 @@ def _model(**kw):
 
 def test_the_gate_knows_the_family_and_the_opt_in(monkeypatch):
     monkeypatch.delenv("VLLM_K2_ANY_MODEL", raising=False)
-    k25 = _model(model_type="kimi_k25", architectures=["KimiK25ForConditionalGeneration"],
-                 text_config=SimpleNamespace(model_type="kimi_k2"))  # fmt: skip
+    k25 = _model(
+        model_type="kimi_k25",
+        architectures=["KimiK25ForConditionalGeneration"],
+        text_config=SimpleNamespace(model_type="kimi_k2"),
+    )
     v3 = _model(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
     llama = _model(model_type="llama", architectures=["LlamaForCausalLM"])
     drafter = _model(model_type="llama", architectures=["Eagle3LlamaForCausalLM"])
@@ -82,8 +85,14 @@ def _tiny_llama(root) -> str:
     out = root / "tiny-llama"
     out.mkdir()
     ids = build_tokenizer(str(out), GEOMETRY["vocab_size"])
-    cfg = LlamaConfig(**GEOMETRY, num_key_value_heads=4, max_position_embeddings=1024,
-                      bos_token_id=ids["[BOS]"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["[PAD]"])  # fmt: skip
+    cfg = LlamaConfig(
+        **GEOMETRY,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        bos_token_id=ids["[BOS]"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["[PAD]"],
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
     return str(out)
@@ -112,8 +121,11 @@ def llama_runs(tmp_path_factory):
     kwargs = dict(SMALL_ENGINE)
     kwargs.pop("attention_backend", None)  # CPU_MLA is for the MLA fixtures; Llama takes vLLM's pick
     if IS_LATEST:  # the 0.16 CPU engine has no speculative decoding
-        kwargs["speculative_config"] = {"method": "eagle3", "model": _drafter(root, target),
-                                        "num_speculative_tokens": 3}  # fmt: skip
+        kwargs["speculative_config"] = {
+            "method": "eagle3",
+            "model": _drafter(root, target),
+            "num_speculative_tokens": 3,
+        }
     job = {"model": target, "prompts": PROMPTS, "max_tokens": 24, "logprobs": None, "llm_kwargs": kwargs}
     runs = {}
     for name, extra in (("stock", {"VLLM_K2_DISABLE": "1"}), ("plugin", {})):

@@ -31,8 +31,11 @@ TWINS = (
     "spec-guard",
 )
 #: 0004's opt-in (bytes) and 0007's: the probe runs see them set, so stock answers False despite them.
-PCIE_OPT_IN = {"VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024), "VLLM_SPEC_DECODE_GUARD": "1",
-               "VLLM_K2_PCIE_ALLREDUCE": "1"}  # fmt: skip
+PCIE_OPT_IN = {
+    "VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE": str(64 * 1024),
+    "VLLM_SPEC_DECODE_GUARD": "1",
+    "VLLM_K2_PCIE_ALLREDUCE": "1",
+}
 #: Rows of a one-KV-head decode batch (8 query heads, scratch of 16 rows x 16 segments).
 ROWS = (1, 2, 4, 8, 9, 16, 17)
 H200_SMS = 132
@@ -195,8 +198,15 @@ def test_patch_files_flip_their_twins_probes(patched_site):
     stock.pop("vllm_from")
 
     # Each twin's own upstream probe: False on stock 0.34, True with the files (twins off).
-    probes = ("rope_float32_cache", "moe_sorts_batches", "fills_the_gpu", "pcie_takes_ranks", "no_draft_rpc",
-              "tiles_wider", "adapts_k")  # fmt: skip
+    probes = (
+        "rope_float32_cache",
+        "moe_sorts_batches",
+        "fills_the_gpu",
+        "pcie_takes_ranks",
+        "no_draft_rpc",
+        "tiles_wider",
+        "adapts_k",
+    )
     assert {k: stock[k] for k in probes} == dict.fromkeys(probes, False)
     assert {k: files_only[k] for k in probes} == dict.fromkeys(probes, True)
     # without a CUDA-alike platform the file's build keeps stock's 16 segments
@@ -335,7 +345,7 @@ def build(opt_in, fault):
     assert not errors, errors
     ca = made[0]
     admits = [kib for kib in (14, 56, 224, 448) if not ca.disabled and ca.should_custom_ar(
-        torch.empty(kib * KIB // 2, dtype=torch.bfloat16))]  # fmt: skip
+        torch.empty(kib * KIB // 2, dtype=torch.bfloat16))]
     return {
         "enabled": sorted({not c.disabled for c in made}),
         "cpp_fully_connected": sorted(set(g.cpp_fully_connected)),
@@ -436,10 +446,19 @@ scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_
 
 def _scheduler_probe(script, env, model_dir, k, per_batch, max_len, *argv):
     out = subprocess.run(
-        [sys.executable, "-c", TINY_SCHEDULER + script, str(model_dir),
-         json.dumps({"k": k, "per_batch": per_batch, "max_len": max_len}), *argv],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            TINY_SCHEDULER + script,
+            str(model_dir),
+            json.dumps({"k": k, "per_batch": per_batch, "max_len": max_len}),
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -481,10 +500,18 @@ for new in (["a"], ["b", "c"]):
 print(json.dumps(steps))
 """
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 256,
-    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+}
 
 
 def _rpc(env, model_dir) -> list[dict]:

@@ -51,8 +51,13 @@ WITH_SETTINGS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     V032: {
         "VLLM_USE_V2_MODEL_RUNNER=1": {
             name: (NOT_APPLICABLE, V2_FRAGMENT)
-            for name in ("spec-guard", "spec-guard-drafter-off", "spec-guard-zero-draft-sampling",
-                         "spec-guard-no-draft-rpc", "draft-prefill-as-decode")  # fmt: skip
+            for name in (
+                "spec-guard",
+                "spec-guard-drafter-off",
+                "spec-guard-zero-draft-sampling",
+                "spec-guard-no-draft-rpc",
+                "draft-prefill-as-decode",
+            )
         }
     },
     V016: {"VLLM_USE_V2_MODEL_RUNNER=1": {"draft-prefill-as-decode": (NOT_APPLICABLE, V2_FRAGMENT)}},
@@ -133,8 +138,11 @@ DOCTOR = {V016: ("v1", True), V032: ("v1", True), V034: ("v2", False)}
 def test_doctor_states_range_runner_and_features(release):
     out = subprocess.run(
         [sys.executable, "-m", "vllm_k2_plugin.cli", "doctor", "--json"],
-        env=engine_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     runner, guard_acts = DOCTOR[release]

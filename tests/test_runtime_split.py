@@ -20,9 +20,7 @@ RUNTIME = REPO / "vllm_k2_plugin"
 
 
 def _runtime_files() -> list[str]:
-    return sorted(
-        str(p.relative_to(REPO)) for p in RUNTIME.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    )
+    return sorted(str(p.relative_to(REPO)) for p in RUNTIME.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
 @pytest.mark.vllm_independent
@@ -73,8 +71,9 @@ print(json.dumps({"file": vllm_k2_plugin.__file__,
 
 def test_register_loads_no_tools_module(tmp_path):
     """In a fresh interpreter (the tools importable: this checkout is on the path)."""
-    r = subprocess.run([sys.executable, "-c", PROBE], env=engine_env(), cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE], env=engine_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["file"] == str(RUNTIME / "__init__.py")

@@ -14,9 +14,15 @@ from .conftest import SMALL_ENGINE, engine_env, run_engine_job
 
 
 def simulate(
-    guard: SpecGuard, acceptance, step_ms, steps: int = 600, batch: int = 1, seed: int = 0, first_at_new_k=1.0,
+    guard: SpecGuard,
+    acceptance,
+    step_ms,
+    steps: int = 600,
+    batch: int = 1,
+    seed: int = 0,
+    first_at_new_k=1.0,
     ks: list | None = None,
-):  # fmt: skip
+):
     """Tokens per ms over ``steps`` decode steps of one request each; draft position i is
     accepted with probability acceptance[i] (a float: the same for all) once the earlier
     ones were; step_ms(k) the step cost, times ``first_at_new_k`` for a step whose k differs
@@ -35,8 +41,9 @@ def simulate(
         while accepted < k and rng.random() < probs[accepted]:
             accepted += 1
         if k:
-            guard.observe_drafts([1 if i < k else 0 for i in range(guard.max_k)],
-                                 [1 if i < accepted else 0 for i in range(guard.max_k)])  # fmt: skip
+            guard.observe_drafts(
+                [1 if i < k else 0 for i in range(guard.max_k)], [1 if i < accepted else 0 for i in range(guard.max_k)]
+            )
         t = step_ms(k) * slow * (1 + rng.gauss(0, 0.02))
         guard.observe_step(batch, k, t)
         tokens += 1 + accepted
@@ -158,12 +165,16 @@ def guard_runs(trained_pair_random_drafter, tmp_path_factory):
                 max_num_seqs=1,
                 disable_log_stats=False,
                 speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": 3},
-            ),  # fmt: skip
+            ),
         }
         tmp = tmp_path_factory.mktemp(f"guard-{name}")
         record = tmp / "drafter_passes.jsonl"
-        env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD=flag, DRAFTER_PASS_RECORD=str(record),
-                         VLLM_K2_EXTRA_PATCH_MODULES="tests.drafter_pass_recorder")  # fmt: skip
+        env = engine_env(
+            VLLM_MLA_DISABLE="1",
+            VLLM_K2_SPEC_GUARD=flag,
+            DRAFTER_PASS_RECORD=str(record),
+            VLLM_K2_EXTRA_PATCH_MODULES="tests.drafter_pass_recorder",
+        )
         r = run_engine_job(tmp, job, env, timeout=900, in_process=True)
         assert r["ok"], (name, r.get("traceback") or r["log"][-4000:])
         r["steps"] = [json.loads(line) for line in record.read_text().splitlines()]

@@ -25,8 +25,11 @@ def driven(trained_pair_random_drafter) -> dict:
     target, draft = trained_pair_random_drafter
     out = subprocess.run(
         [sys.executable, str(DRIVE), target, draft, "never:sync", "always:sync", "never:async"],
-        env=engine_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -26,8 +26,11 @@ def test_tile_results_readme_is_the_reports_output(tmp_path):
     (folder / "README.md").unlink()
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "draft_attention_tile_probe.py"), "--report", str(folder)],
-        capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert _body((folder / "README.md").read_text()) == _body((TILE / "README.md").read_text())
     # every call has its own plain step (ratios are taken within a call), and every engine case
@@ -43,8 +46,11 @@ def test_tile_results_readme_is_the_reports_output(tmp_path):
 def test_rig_model_is_the_scripts_output_and_reads_the_committed_ratios():
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "pcie_allreduce_model.py")],
-        capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     committed = (REPO / "benchmarks" / "results" / "pcie_allreduce_model.md").read_text()
     assert _body(out.stdout).rstrip() == _body(committed).rstrip()

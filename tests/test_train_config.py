@@ -55,8 +55,11 @@ def test_good_bench_arguments_parse():
 
 def test_one_vocabulary_for_the_target_and_json():
     p = build_parser()
-    for stage, extra in (("prepare", ["--data", "c.jsonl"]), ("extract", ["--prepared", "p"]),
-                         ("vocab", ["--prepared", "p"])):  # fmt: skip
+    for stage, extra in (
+        ("prepare", ["--data", "c.jsonl"]),
+        ("extract", ["--prepared", "p"]),
+        ("vocab", ["--prepared", "p"]),
+    ):
         assert p.parse_args(["train", stage, "--target", "/t", "--out", "o", *extra]).target == "/t"
     assert p.parse_args(["bench", "ab", "--target", "/t", "--mode", "ngram"]).target == "/t"
     assert p.parse_args(["train", "plan", "--json"]).format == "json"

@@ -43,8 +43,13 @@ def _python_016() -> str:
     """The vLLM 0.16 venv's python (ci/test.sh exports it; else build/reuse it)."""
     venv = os.environ.get("VLLM_K2_VENV_VLLM016")
     if not venv:
-        venv = subprocess.run(["bash", str(REPO / "ci" / "engine.sh"), "vllm016"], check=True,
-                              capture_output=True, text=True).stdout.strip().splitlines()[-1]  # fmt: skip
+        venv = (
+            subprocess.run(
+                ["bash", str(REPO / "ci" / "engine.sh"), "vllm016"], check=True, capture_output=True, text=True
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
     return str(Path(venv) / "bin" / "python")
 
 
@@ -60,8 +65,13 @@ def pipeline(tmp_path_factory):
     import time
 
     t0 = time.time()
-    r = subprocess.run([python, "-m", "vllm_k2_plugin.cli", "train", "run", recipe], env=env,
-                       capture_output=True, text=True, timeout=2400)  # fmt: skip
+    r = subprocess.run(
+        [python, "-m", "vllm_k2_plugin.cli", "train", "run", recipe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
     work = root / "work"
     (root / "pipeline-seconds.txt").write_text(f"{time.time() - t0:.0f}\n")
@@ -92,9 +102,13 @@ def test_pipeline_stages_on_016(pipeline):
 
 @pytest.mark.vllm016
 def test_rerun_skips_finished_stages(pipeline):
-    r = subprocess.run([sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run",
-                        str(pipeline["root"] / "recipe.toml")], env=engine_env(), capture_output=True,
-                       text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(pipeline["root"] / "recipe.toml")],
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for stage in ("prepare", "extract", "train", "export", "eval"):
         assert f"[{stage}] done already" in r.stdout
@@ -124,7 +138,7 @@ def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
             disable_log_stats=False,
             max_num_seqs=8,
             speculative_config={"method": "eagle3", "model": str(work / "export"), "num_speculative_tokens": 3},
-        ),  # fmt: skip
+        ),
     }
     # the drafter is measured at a fixed k=3 (the speculation guard could pick another k)
     r = run_engine_job(
@@ -136,9 +150,15 @@ def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
     tau_vllm = 1 + accepted / drafts
     per_pos = [a / drafts for a in m["vllm:spec_decode_num_accepted_tokens_per_pos"]]
     served = offline["served"]["3"]
-    result = {"tau_vllm": tau_vllm, "per_position_vllm": per_pos, "drafts_vllm": drafts,
-              "tau_offline_served": served["tau"], "per_position_offline_served": served["per_position"],
-              "drafts_offline_served": served["drafts"], "tau_offline_all_positions": offline["tau"]["3"]}  # fmt: skip
+    result = {
+        "tau_vllm": tau_vllm,
+        "per_position_vllm": per_pos,
+        "drafts_vllm": drafts,
+        "tau_offline_served": served["tau"],
+        "per_position_offline_served": served["per_position"],
+        "drafts_offline_served": served["drafts"],
+        "tau_offline_all_positions": offline["tau"]["3"],
+    }
     (pipeline["root"] / "serve-latest.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     assert tau_vllm >= TAU3_VLLM_FLOOR, result

@@ -138,8 +138,18 @@ def test_training_time_hand_values(tmp_path):
 def test_io_and_modes_hand_values(tmp_path):
     cal = P.load_calibration(write_cal(tmp_path))
     gpu = P.GPUSpec("x", "X", 494.5, 2.4, 80, 10.0, "test", "test")
-    inp = P.PlanInputs(samples=1000, mean_tokens=1000, gpus=2, global_batch=4, epochs=2, disk_write_gbps=2,
-                       disk_read_gbps=4, extract_batch=10, shuffle_window=3, spool_gb=0.001)  # fmt: skip
+    inp = P.PlanInputs(
+        samples=1000,
+        mean_tokens=1000,
+        gpus=2,
+        global_batch=4,
+        epochs=2,
+        disk_write_gbps=2,
+        disk_read_gbps=4,
+        extract_batch=10,
+        shuffle_window=3,
+        spool_gb=0.001,
+    )
     r = P.plan(inp, gpu, cal)
     data = 1e6 * 57_344
     ext, train = r["extraction"]["t"], r["training"]["t"]
@@ -181,8 +191,14 @@ def run_cli(capsys, *args):
 
 
 def write_prefill(tmp_path, **over):
-    doc = {"seq": 1000, "ms_per_token_per_layer": 0.01, "gpu": "NVIDIA H200", "date": "2026-12-04T01:00:00+00:00",
-           "command": "python benchmarks/prefill_throughput.py ...", **over}  # fmt: skip
+    doc = {
+        "seq": 1000,
+        "ms_per_token_per_layer": 0.01,
+        "gpu": "NVIDIA H200",
+        "date": "2026-12-04T01:00:00+00:00",
+        "command": "python benchmarks/prefill_throughput.py ...",
+        **over,
+    }
     p = tmp_path / "prefill.json"
     p.write_text(json.dumps(doc))
     return p
@@ -217,8 +233,9 @@ def test_prefill_calibration_errors_name_the_file(tmp_path, monkeypatch):
 
 def test_cli_prefill_sources(tmp_path, capsys):
     cal = str(write_cal(tmp_path))
-    code, out, _ = run_cli(capsys, "--hardware", "h200", "--calibration", cal, "--prefill-calibration",
-                           str(write_prefill(tmp_path)))  # fmt: skip
+    code, out, _ = run_cli(
+        capsys, "--hardware", "h200", "--calibration", cal, "--prefill-calibration", str(write_prefill(tmp_path))
+    )
     assert code == 0 and "prefill efficiency, MEASURED (NVIDIA H200" in out
     code, out, _ = run_cli(capsys, "--hardware", "h200", "--calibration", cal, "--prefill-efficiency", "0.5")
     assert code == 0 and "50% prefill efficiency, GIVEN (--prefill-efficiency)" in out
@@ -228,8 +245,14 @@ def test_cli_text_output(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(P, "DEFAULT_PREFILL", tmp_path / "never-measured.json")
     code, out, _ = run_cli(capsys, "--hardware", "rtx-pro-6000", "--calibration", str(write_cal(tmp_path)))
     assert code == 0
-    for s in ("8 x NVIDIA RTX PRO 6000", "extraction", "57,344 B", "503.8 TFLOP/s", "30% prefill efficiency, ASSUMED",
-              "verdict:"):  # fmt: skip
+    for s in (
+        "8 x NVIDIA RTX PRO 6000",
+        "extraction",
+        "57,344 B",
+        "503.8 TFLOP/s",
+        "30% prefill efficiency, ASSUMED",
+        "verdict:",
+    ):
         assert s in out, s
     assert "2026-11-30 01:30" in out and "cal.json" in out  # measured inputs carry date and source
     assert "ASSUMED disk 5 GB/s write, 10 GB/s read" in out and "online      no verdict: not implemented" in out
@@ -334,13 +357,25 @@ def test_docs_hero_run_table_is_the_planners_output(capsys):
     """docs/eagle3-training.md's hero-run table: the planner's markdown rows with the committed
     calibrations (training step and prefill), for the recipe it states."""
     docs = (Path(__file__).resolve().parent.parent / "docs" / "eagle3-training.md").read_text()
-    code, out, _ = run_cli(capsys, "--samples", "600000", "--mean-tokens", "1200", "--hardware", "all",
-                           "--format", "markdown")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys, "--samples", "600000", "--mean-tokens", "1200", "--hardware", "all", "--format", "markdown"
+    )
     rows = [line for line in out.splitlines() if line.startswith("| 8x ")]
     assert code == 0 and len(rows) == len(GPUS)
     for row in rows:
         assert row in docs, row
-    code, out, _ = run_cli(capsys, "--samples", "600000", "--mean-tokens", "1200", "--hardware", "rtx-pro-6000",
-                           "--extract-parallel", "pp", "--format", "markdown")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys,
+        "--samples",
+        "600000",
+        "--mean-tokens",
+        "1200",
+        "--hardware",
+        "rtx-pro-6000",
+        "--extract-parallel",
+        "pp",
+        "--format",
+        "markdown",
+    )
     pp = next(line for line in out.splitlines() if line.startswith("| 8x "))
     assert pp.split(" | ", 1)[1] in docs  # the docs name that row "same, extraction as 8 pipeline stages"

@@ -42,8 +42,10 @@ def test_unknown_keys_name_section_and_key(tmp_path, extra, where, key):
 
 
 def test_known_keys_load(tmp_path):
-    (tmp_path / "r.toml").write_text(BASE + "concurrency = 4\n[extract]\nbatch_size = 2\n[train]\nnproc = 2\n"
-                                     "[train.draft]\nnum_attention_heads = 4\n")  # fmt: skip
+    (tmp_path / "r.toml").write_text(
+        BASE + "concurrency = 4\n[extract]\nbatch_size = 2\n[train]\nnproc = 2\n"
+        "[train.draft]\nnum_attention_heads = 4\n"
+    )
     r = load_recipe(str(tmp_path / "r.toml"))
     assert r["prepare"]["concurrency"] == 4 and r["train"]["draft"] == {"num_attention_heads": 4}
 

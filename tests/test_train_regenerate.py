@@ -89,8 +89,9 @@ def server():
 
 def test_failures_retried_reported_and_truncated_answers_left_out(server, tmp_path):
     data = _chats(tmp_path / "c.jsonl", 40, {3: "FAILALWAYS", 17: "FAILALWAYS", 5: "LONG", 6: "LONG", 30: "LONG"})
-    meta = prepare(DATA_DIR, [str(data)], str(tmp_path / "out"), max_len=256, regenerate_url=server.url,
-                   concurrency=4, retries=4)  # fmt: skip
+    meta = prepare(
+        DATA_DIR, [str(data)], str(tmp_path / "out"), max_len=256, regenerate_url=server.url, concurrency=4, retries=4
+    )
     assert meta["num_samples"] == 40 - 2 - 3
     assert sorted(int(f["id"].split(":")[-1]) for f in meta["regeneration_failures"]) == [4, 18]  # 1-based lines
     assert all("HTTP 500" in f["error"] and "5 attempt(s)" in f["error"] for f in meta["regeneration_failures"])
@@ -108,11 +109,14 @@ def test_interrupted_regeneration_resumes_without_asking_again(tmp_path):
     try:
         data = _chats(tmp_path / "c.jsonl", 30)
         out = tmp_path / "out"
-        code = (f"from vllm_k2_tools.train.prepare import prepare; prepare({DATA_DIR!r}, [{str(data)!r}], "
-                f"{str(out)!r}, max_len=256, regenerate_url={slow.url!r}, concurrency=1)")  # fmt: skip
+        code = (
+            f"from vllm_k2_tools.train.prepare import prepare; prepare({DATA_DIR!r}, [{str(data)!r}], "
+            f"{str(out)!r}, max_len=256, regenerate_url={slow.url!r}, concurrency=1)"
+        )
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         journal = out / "regenerated.partial.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline and (not journal.exists() or len(journal.read_text().splitlines()) < 8):

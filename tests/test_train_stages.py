@@ -32,8 +32,9 @@ def _write(path, lines):
 
 
 def test_chat_layouts_read_alike(tmp_path):
-    sharegpt = {"conversations": [{"from": "human", "value": CHAT[0]["content"]},
-                                  {"from": "gpt", "value": CHAT[1]["content"]}]}  # fmt: skip
+    sharegpt = {
+        "conversations": [{"from": "human", "value": CHAT[0]["content"]}, {"from": "gpt", "value": CHAT[1]["content"]}]
+    }
     ultra = {"data": [CHAT[0]["content"], CHAT[1]["content"]]}
     path = _write(tmp_path / "mixed.jsonl", [{"messages": CHAT}, sharegpt, ultra])
     got = [m for _, m in read_chats(path)]
@@ -104,9 +105,15 @@ def _synthetic_shards(out, text_model, n=12, seed=0, per_shard=4):
         for i in range(start, min(n, start + per_shard)):
             t = 20 + i
             ids = torch.randint(20, vocab, (t,), generator=g)
-            rows.append({"index": i, "input_ids": ids, "loss_mask": (torch.arange(t) > 5).to(torch.uint8),
-                         "aux": torch.randn(t, 3 * h, generator=g).to(torch.bfloat16),
-                         "final": torch.randn(t, h, generator=g).to(torch.bfloat16)})  # fmt: skip
+            rows.append(
+                {
+                    "index": i,
+                    "input_ids": ids,
+                    "loss_mask": (torch.arange(t) > 5).to(torch.uint8),
+                    "aux": torch.randn(t, 3 * h, generator=g).to(torch.bfloat16),
+                    "final": torch.randn(t, h, generator=g).to(torch.bfloat16),
+                }
+            )
         shards.write_shard(out, manifest, rows)
     return out
 
@@ -151,9 +158,31 @@ def test_shards_read_back_and_detect_corruption(synthetic, tmp_path):
 
 
 def _train_cmd(s, out, steps=8):
-    return [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", s["target"],
-            "--extracted", s["data"], "--vocab", s["vocab"], "--out", str(out), "--steps", str(steps),
-            "--batch-size", "2", "--ttt-steps", "3", "--save-every", "2", "--lr", "1e-3"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "vllm_k2_plugin.cli",
+        "train",
+        "train",
+        "--target",
+        s["target"],
+        "--extracted",
+        s["data"],
+        "--vocab",
+        s["vocab"],
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "2",
+        "--ttt-steps",
+        "3",
+        "--save-every",
+        "2",
+        "--lr",
+        "1e-3",
+    ]
 
 
 def _env():
@@ -168,8 +197,13 @@ def test_train_resumes_after_kill_without_lost_or_repeated_steps(synthetic):
     root = synthetic["root"]
     ref, killed = root / "run-ref", root / "run-killed"
     subprocess.run(_train_cmd(synthetic, ref), check=True, env=_env(), capture_output=True)
-    proc = subprocess.Popen(_train_cmd(synthetic, killed), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _train_cmd(synthetic, killed),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     latest = killed / "checkpoints" / "latest.json"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -235,8 +269,18 @@ def test_torchrun_two_ranks_equal_one_rank_with_accumulation(synthetic):
     base = _train_cmd(synthetic, one, steps=3)
     one_cmd = [*base, "--batch-size", "2", "--grad-accum", "2"]
     subprocess.run(one_cmd, check=True, env=_env(), capture_output=True)
-    two_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               *_train_cmd(synthetic, two, steps=3)[1:], "--batch-size", "2", "--grad-accum", "1"]  # fmt: skip
+    two_cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *_train_cmd(synthetic, two, steps=3)[1:],
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+    ]
     r = subprocess.run(two_cmd, env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]

@@ -245,8 +245,18 @@ def _check_run(run: Path, spool_dir: Path, sampler: DiskSampler, budget: int, re
     assert not list(spool_dir.glob("*.safetensors")), "shards left in the spool"
 
 
-TRAIN = ["--batch-size", "2", "--ttt-steps", "3", "--save-every", "100", "--lr", "1e-3",
-         "--shuffle-window", str(WINDOW)]  # fmt: skip
+TRAIN = [
+    "--batch-size",
+    "2",
+    "--ttt-steps",
+    "3",
+    "--save-every",
+    "100",
+    "--lr",
+    "1e-3",
+    "--shuffle-window",
+    str(WINDOW),
+]
 
 
 @pytest.fixture(scope="module")
@@ -258,15 +268,31 @@ def source(text_model, tmp_path_factory):
 
 
 def _train_cmd(src, data, out, *extra):
-    return [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", src["target"],
-            "--extracted", str(data), "--vocab", src["vocab"], "--out", str(out), *TRAIN, *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "vllm_k2_plugin.cli",
+        "train",
+        "train",
+        "--target",
+        src["target"],
+        "--extracted",
+        str(data),
+        "--vocab",
+        src["vocab"],
+        "--out",
+        str(out),
+        *TRAIN,
+        *extra,
+    ]
 
 
 @pytest.mark.vllm_independent
 def test_separate_commands_killed_and_restarted_match_offline_within_budget(source, tmp_path):
     steps = 12  # 24 samples / global batch 2
-    subprocess.run(_train_cmd(source, source["data"], tmp_path / "offline"), check=True, env=_env(),
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        _train_cmd(source, source["data"], tmp_path / "offline"), check=True, env=_env(), capture_output=True
+    )
     reference = _weights(tmp_path / "offline", steps)
     spool_dir, run = tmp_path / "spool", tmp_path / "run"
     sizes = [e["bytes"] for e in shards.load_manifest(source["data"])["shards"]]
@@ -329,8 +355,13 @@ shuffle_window = 2
 """
     env = engine_env(VLLM_MLA_DISABLE="1", OMP_NUM_THREADS="1")
     (tmp_path / "offline.toml").write_text('work_dir = "offline"\n' + body)
-    r = subprocess.run([sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(tmp_path / "offline.toml")],
-                       env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(tmp_path / "offline.toml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     steps = 16  # 32 samples / global batch 2
     reference = _weights(tmp_path / "offline" / "train", steps)
@@ -370,8 +401,16 @@ def test_torchrun_streaming_matches_torchrun_offline(source, tmp_path):
     and delete, and both read the same order as a two-rank offline run."""
 
     def torchrun(data, out, *extra):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               *_train_cmd(source, data, out, *extra)[1:], "--batch-size", "1"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            *_train_cmd(source, data, out, *extra)[1:],
+            "--batch-size",
+            "1",
+        ]
         return cmd
 
     r = subprocess.run(torchrun(source["data"], tmp_path / "offline"), env=_env(), capture_output=True, text=True)
@@ -396,8 +435,9 @@ def test_a_budget_too_small_for_a_window_is_an_error_not_a_hang(source, tmp_path
     budget = max(e["bytes"] for e in shards.load_manifest(source["data"])["shards"])
     produce = [sys.executable, str(REPO / "tests" / "spool_replay_job.py"), source["data"], str(spool_dir), str(budget)]
     p = _popen(produce, tmp_path / "extract.log")
-    t = _popen(_train_cmd(source, spool_dir, tmp_path / "run", "--stream", "--poll-seconds", "0.05"),
-               tmp_path / "train.log")  # fmt: skip
+    t = _popen(
+        _train_cmd(source, spool_dir, tmp_path / "run", "--stream", "--poll-seconds", "0.05"), tmp_path / "train.log"
+    )
     assert t.wait(timeout=300) != 0
     assert "the spool budget cannot hold the shards one step reads" in _tail(tmp_path / "train.log")
     assert p.poll() is None  # extraction still waits (an operator may raise the budget and restart)

@@ -69,8 +69,13 @@ def test_the_term_check_finds_each_kind_of_term():
     """The patterns catch what they are for and leave commands and ordinary words alone."""
     for bad in ["on route B", "in call 7", "device calls lease1-8", "suite dg24stock", "`dgmoe`", "issue 37"]:
         assert internal_terms(bad), bad
-    for fine in ["released", "8x HGX/DGX B200", "`python benchmarks/gpu_engine_e2e.py run dgmoe`",
-                 "```\nroute B\n```", "a call to vLLM"]:  # fmt: skip
+    for fine in [
+        "released",
+        "8x HGX/DGX B200",
+        "`python benchmarks/gpu_engine_e2e.py run dgmoe`",
+        "```\nroute B\n```",
+        "a call to vLLM",
+    ]:
         assert not internal_terms(fine), fine
 
 
@@ -81,8 +86,9 @@ def _section(text: str, heading: str) -> str:
 
 
 def _table_rows(section: str) -> list[list[str]]:
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
-            if line.startswith("|")]  # fmt: skip
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")
+    ]
     return rows[2:]  # header and rule first
 
 

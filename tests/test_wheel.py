@@ -29,27 +29,50 @@ def wheel_site(tmp_path_factory):
     and the tools' wheel (built from the checkout: its package lives beside tools/, so it has no
     sdist of its own), both installed (not editable) into a folder of their own."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(out), "sdist", "-d", str(out)],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(out), "sdist", "-d", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     sdist = next(out.glob("vllm_k2_plugin-*.tar.gz"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(sdist)], check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(sdist)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next(out.glob("vllm_k2_plugin-*.whl"))
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO / "tools")],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO / "tools")],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     tools = next(out.glob("vllm_k2_plugin_tools-*.whl"))
     site = out / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel), str(tools)], check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel), str(tools)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return wheel, tools, site
 
 
 def _cli(site, tmp_path, *args):
     env = engine_env()
     env["PYTHONPATH"] = str(site)  # the wheel's copy only: no checkout on the path
-    return subprocess.run([sys.executable, "-m", "vllm_k2_plugin.cli", *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_k2_plugin.cli", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_wheels_carry_package_data_and_one_version(wheel_site):
@@ -82,8 +105,13 @@ print(pf.PATCHES_ROOT)
 
 def test_installed_wheel_runs_the_cli(wheel_site, tmp_path, k25_model, fixture_root):
     _, _, site = wheel_site
-    where = subprocess.run([sys.executable, "-c", PROBE], env={**engine_env(), "PYTHONPATH": str(site)}, cwd=tmp_path,
-                           capture_output=True, text=True)  # fmt: skip
+    where = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**engine_env(), "PYTHONPATH": str(site)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     paths = [line for line in where.stdout.splitlines() if line]
     assert len(paths) == 11 and all(p.startswith(str(site)) for p in paths), where.stdout + where.stderr[-2000:]
     doctor = _cli(site, tmp_path, "doctor")
@@ -93,8 +121,21 @@ def test_installed_wheel_runs_the_cli(wheel_site, tmp_path, k25_model, fixture_r
     plan = _cli(site, tmp_path, "train", "plan")
     assert plan.returncode == 0 and "Hero-run plan" in plan.stdout, plan.stdout + plan.stderr[-2000:]
     draft = build_draft("legacy", str(fixture_root / "wheel-draft"), k25_model)
-    eagle = _cli(site, tmp_path, "eagle3", "check", "--target", k25_model, "--draft", draft, "--engine-config",
-                 "--dtype", "float32", "--max-model-len", "512")  # fmt: skip
+    eagle = _cli(
+        site,
+        tmp_path,
+        "eagle3",
+        "check",
+        "--target",
+        k25_model,
+        "--draft",
+        draft,
+        "--engine-config",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+    )
     assert eagle.returncode == 0, eagle.stdout + eagle.stderr[-2000:]
     engine = json.loads(eagle.stdout)["engine_config"]  # vLLM built the EAGLE-3 config, our class serves it
     assert engine["method"] == "eagle3" and engine["aux_layer_ids"] == [2, 4, 8]

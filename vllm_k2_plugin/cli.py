@@ -137,8 +137,11 @@ TOOLS_INSTALL = "pip install vllm-k2-plugin-tools (from a checkout of this repos
 
 
 def _tools_missing(args: argparse.Namespace) -> int:
-    print(f"vllm-k2 {args.command}: this command comes with the tools distribution, which is not installed: "
-          f"{TOOLS_INSTALL}", file=sys.stderr)  # fmt: skip
+    print(
+        f"vllm-k2 {args.command}: this command comes with the tools distribution, which is not installed: "
+        f"{TOOLS_INSTALL}",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -153,8 +156,9 @@ def _add_tool_parsers(sub) -> None:
         for name, help_text in TOOL_COMMANDS.items():
             # No options of its own (not even --help): whatever follows is taken as is, and answered
             # with what to install.
-            t = sub.add_parser(name, help=f"{help_text} (needs vllm-k2-plugin-tools)", add_help=False,
-                               prefix_chars="\0")  # fmt: skip
+            t = sub.add_parser(
+                name, help=f"{help_text} (needs vllm-k2-plugin-tools)", add_help=False, prefix_chars="\0"
+            )
             t.add_argument("args", nargs=argparse.REMAINDER)
             t.set_defaults(func=_tools_missing)
         return

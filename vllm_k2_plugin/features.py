@@ -37,8 +37,17 @@ FEATURE_PATCH_MODULES = (
 
 #: Features whose patches change what the GPU runs or how fast: they act only for the models they
 #: were measured on (patching/scope.py), every patched code path asks ``scope.acts``.
-MODEL_SCOPED_FEATURES = ("spec_guard", "mla", "draft_graph", "draft_attention", "moe_verify", "gguf_moe",
-                         "rope_cache", "async_spec", "comm")  # fmt: skip
+MODEL_SCOPED_FEATURES = (
+    "spec_guard",
+    "mla",
+    "draft_graph",
+    "draft_attention",
+    "moe_verify",
+    "gguf_moe",
+    "rope_cache",
+    "async_spec",
+    "comm",
+)
 
 
 def load_feature_patches(extra: tuple[str, ...] = ()) -> None:

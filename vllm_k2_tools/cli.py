@@ -42,8 +42,11 @@ def _bench_ab(args: argparse.Namespace) -> int:
     names = [m.name for m in modes]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:  # results are kept by name: a second mode of the same name would replace the first
-        print(f"vllm-k2 bench ab: error: --mode: more than one mode named {', '.join(twice)}; "
-              "name them with NAME={json}", file=sys.stderr)  # fmt: skip
+        print(
+            f"vllm-k2 bench ab: error: --mode: more than one mode named {', '.join(twice)}; "
+            "name them with NAME={json}",
+            file=sys.stderr,
+        )
         return 2
     target = args.target
     if not target:

@@ -39,8 +39,16 @@ def child(result: Path, model_dir: Path) -> None:
         torch.randn(1 << 22).sum()
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=target, dtype="bfloat16", max_model_len=2048, max_num_seqs=4, gpu_memory_utilization=0.10,
-              seed=0, disable_log_stats=False, enable_prefix_caching=False)  # fmt: skip
+    llm = LLM(
+        model=target,
+        dtype="bfloat16",
+        max_model_len=2048,
+        max_num_seqs=4,
+        gpu_memory_utilization=0.10,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
     t_up = time.time() - t0
     out = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=16))
     result.write_text(json.dumps({"up": True, "up_s": round(t_up, 1), "tokens": list(out[0].outputs[0].token_ids)}))
@@ -60,9 +68,12 @@ def driver_state() -> dict:
     lib = ctypes.CDLL("libcuda.so.1")
     flags, active = ctypes.c_uint(), ctypes.c_int()
     rc = lib.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active))
-    return {"cuInit_done": rc != 3, "primary_ctx_active": bool(active.value) if rc == 0 else None,
-            "torch_cuda_initialized": torch.cuda.is_initialized(),
-            "threads": sorted(t.name for t in threading.enumerate())}  # fmt: skip
+    return {
+        "cuInit_done": rc != 3,
+        "primary_ctx_active": bool(active.value) if rc == 0 else None,
+        "torch_cuda_initialized": torch.cuda.is_initialized(),
+        "threads": sorted(t.name for t in threading.enumerate()),
+    }
 
 
 def probe(result: Path) -> None:

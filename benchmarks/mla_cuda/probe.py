@@ -26,9 +26,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 # (batch, context, heads, q_len)
 PROBES = [
-    (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (8, 131072, 8, 1),
-    (64, 8192, 8, 1), (64, 32768, 8, 1), (1, 32768, 8, 2), (8, 32768, 8, 2), (1, 32768, 16, 1),
-]  # fmt: skip
+    (1, 8192, 8, 1),
+    (1, 32768, 8, 1),
+    (1, 131072, 8, 1),
+    (8, 32768, 8, 1),
+    (8, 131072, 8, 1),
+    (64, 8192, 8, 1),
+    (64, 32768, 8, 1),
+    (1, 32768, 8, 2),
+    (8, 32768, 8, 2),
+    (1, 32768, 16, 1),
+]
 # (BLOCK_N, STAGES, BULK): BULK = one cp.async.bulk per latent row (mbarrier), else 16-byte cp.async
 VARIANTS = [(bn, st, bulk) for bulk in (False, True) for bn, st in ((32, 2), (32, 3), (32, 4), (16, 4), (16, 8))]
 LOAD_ONLY = [(bn, -st, bulk) for bn, st, bulk in VARIANTS]  # the same tile pipelines with no math (timing only)
@@ -53,9 +61,18 @@ def cuda_decode(ext, q, kv, bt, sl, sm_scale, q_len, splits, block_n, stages, bu
     ext.mla_split(q, kv, bt, sl, ws_out, ws_lse, sm_scale * math.log2(math.e), q_len, splits, block_n, stages, bulk)
     rc = configs.reduce_config(splits)
     kernel.mla_decode_reduce[(tokens * heads, 512 // rc.block_dv)](
-        ws_out, ws_lse, out, lse, out.stride(0), out.stride(1), heads, splits,
-        SPLITS_P2=rc.splits_p2, BLOCK_DV=rc.block_dv, num_warps=rc.num_warps,
-    )  # fmt: skip
+        ws_out,
+        ws_lse,
+        out,
+        lse,
+        out.stride(0),
+        out.stride(1),
+        heads,
+        splits,
+        SPLITS_P2=rc.splits_p2,
+        BLOCK_DV=rc.block_dv,
+        num_warps=rc.num_warps,
+    )
     return out, lse
 
 
@@ -81,8 +98,12 @@ def main() -> int:
     print("built in", round(time.time() - t0, 1), "s", flush=True)
     dev = torch.device("cuda")
     checks = []
-    for heads, seqs, page, ql in [(8, [1, 17, 300, 4097], 16, 1), (8, [7777, 33, 65537], 64, 2),
-                                  (16, [1000, 2], 16, 1), (5, [129, 3000], 32, 3)]:  # fmt: skip
+    for heads, seqs, page, ql in [
+        (8, [1, 17, 300, 4097], 16, 1),
+        (8, [7777, 33, 65537], 64, 2),
+        (16, [1000, 2], 16, 1),
+        (5, [129, 3000], 32, 3),
+    ]:
         q, kv, bt, sl, _ = reference.random_case(heads, seqs, page, ql, False, device=dev, seed=len(seqs))
         ref_o, ref_l = reference.mla_decode_reference(q, kv, bt, sl, 0.1, q_len=ql)
         for block_n, stages, bulk in VARIANTS:
@@ -95,8 +116,17 @@ def main() -> int:
                 cuda_decode(ext, q, kv, bt, sl, 0.1, ql, splits, block_n, stages, bulk, ws_out, ws_lse, out, lse)
                 torch.cuda.synchronize()
                 why = reference.mismatch(out, lse, ref_o, ref_l)
-                rec = dict(heads=heads, seqs=seqs, page=page, q_len=ql, block_n=block_n, stages=stages, bulk=bulk,
-                           splits=splits, mismatch=why)  # fmt: skip
+                rec = dict(
+                    heads=heads,
+                    seqs=seqs,
+                    page=page,
+                    q_len=ql,
+                    block_n=block_n,
+                    stages=stages,
+                    bulk=bulk,
+                    splits=splits,
+                    mismatch=why,
+                )
                 checks.append(rec)
                 if why:
                     print("MISMATCH", json.dumps(rec), flush=True)
@@ -118,10 +148,18 @@ def main() -> int:
         def ours(q=q, bt=bt, sl=sl, ql=ql, ws=ws):
             return launcher.mla_decode(q, pool, bt, sl, bench.SM_SCALE, q_len=ql, workspace=ws)
 
-        rec = dict(batch=batch, context=ctx, heads=heads, q_len=ql, triton_splits=plan.num_splits,
-                   triton_variant=str(plan.split), triton_kernel_us=timer.kernel_us(ours),
-                   triton_graph_us=timer.graph_us(ours), roofline_us=bench.roofline_us(timer, pool, bt, ctx),
-                   cuda={})  # fmt: skip
+        rec = dict(
+            batch=batch,
+            context=ctx,
+            heads=heads,
+            q_len=ql,
+            triton_splits=plan.num_splits,
+            triton_variant=str(plan.split),
+            triton_kernel_us=timer.kernel_us(ours),
+            triton_graph_us=timer.graph_us(ours),
+            roofline_us=bench.roofline_us(timer, pool, bt, ctx),
+            cuda={},
+        )
         out = torch.empty(tokens, heads, 512, dtype=q.dtype, device=dev)
         lse = torch.empty(tokens, heads, dtype=torch.float32, device=dev)
         for block_n, stages, bulk in VARIANTS + LOAD_ONLY:
@@ -131,10 +169,37 @@ def main() -> int:
                 ws_out = torch.empty((tokens * heads * splits, 512), device=dev)
                 ws_lse = torch.empty((tokens * heads * splits,), device=dev)
 
-                def fn(splits=splits, ws_out=ws_out, ws_lse=ws_lse, block_n=block_n, stages=stages, bulk=bulk, q=q,
-                       bt=bt, sl=sl, ql=ql, out=out, lse=lse):  # fmt: skip
-                    return cuda_decode(ext, q, pool, bt, sl, bench.SM_SCALE, ql, splits, block_n, stages, bulk,
-                                       ws_out, ws_lse, out, lse)  # fmt: skip
+                def fn(
+                    splits=splits,
+                    ws_out=ws_out,
+                    ws_lse=ws_lse,
+                    block_n=block_n,
+                    stages=stages,
+                    bulk=bulk,
+                    q=q,
+                    bt=bt,
+                    sl=sl,
+                    ql=ql,
+                    out=out,
+                    lse=lse,
+                ):
+                    return cuda_decode(
+                        ext,
+                        q,
+                        pool,
+                        bt,
+                        sl,
+                        bench.SM_SCALE,
+                        ql,
+                        splits,
+                        block_n,
+                        stages,
+                        bulk,
+                        ws_out,
+                        ws_lse,
+                        out,
+                        lse,
+                    )
 
                 o, _ = fn()
                 d = float(((o.float() - ref.float()).norm() / ref.float().norm()).item())
@@ -147,10 +212,23 @@ def main() -> int:
                 wo = torch.empty((tokens * heads * b, 512), device=dev)
                 wl = torch.empty((tokens * heads * b,), device=dev)
 
-                def fnb(b=b, block_n=block_n, stages=stages, bulk=bulk, q=q, bt=bt, sl=sl, ql=ql, wo=wo, wl=wl,
-                        out=out, lse=lse):  # fmt: skip
-                    return cuda_decode(ext, q, pool, bt, sl, bench.SM_SCALE, ql, b, block_n, stages, bulk, wo, wl,
-                                       out, lse)  # fmt: skip
+                def fnb(
+                    b=b,
+                    block_n=block_n,
+                    stages=stages,
+                    bulk=bulk,
+                    q=q,
+                    bt=bt,
+                    sl=sl,
+                    ql=ql,
+                    wo=wo,
+                    wl=wl,
+                    out=out,
+                    lse=lse,
+                ):
+                    return cuda_decode(
+                        ext, q, pool, bt, sl, bench.SM_SCALE, ql, b, block_n, stages, bulk, wo, wl, out, lse
+                    )
 
                 times["best"] = dict(splits=b, graph_us=timer.graph_us(fnb))
             rec["cuda"][f"{block_n}x{stages}{'b' if bulk else ''}"] = times
@@ -158,16 +236,28 @@ def main() -> int:
         bests = {v: t[t["best"]["splits"]]["total_us"] for v, t in rec["cuda"].items() if "best" in t and "-" not in v}
         loads = {v: t[t["best"]["splits"]]["total_us"] for v, t in rec["cuda"].items() if "best" in t and "-" in v}
         v = min(bests, key=bests.get)
-        rec["summary"] = dict(triton_us=tri, cuda_best_us=bests[v], cuda_best=v,
-                              cuda_best_splits=rec["cuda"][v]["best"]["splits"],
-                              cuda_graph_us=rec["cuda"][v]["best"]["graph_us"],
-                              triton_over_cuda=tri / bests[v], cuda_over_roofline=bests[v] / rec["roofline_us"],
-                              triton_over_roofline=tri / rec["roofline_us"], load_only_us=loads)  # fmt: skip
+        rec["summary"] = dict(
+            triton_us=tri,
+            cuda_best_us=bests[v],
+            cuda_best=v,
+            cuda_best_splits=rec["cuda"][v]["best"]["splits"],
+            cuda_graph_us=rec["cuda"][v]["best"]["graph_us"],
+            triton_over_cuda=tri / bests[v],
+            cuda_over_roofline=bests[v] / rec["roofline_us"],
+            triton_over_roofline=tri / rec["roofline_us"],
+            load_only_us=loads,
+        )
         rows_out.append(rec)
         print(json.dumps(rec["summary"] | dict(batch=batch, context=ctx, heads=heads, q_len=ql)), flush=True)
-    result = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(sys.argv),
-                  device=torch.cuda.get_device_name(), torch=torch.__version__, checks=checks, rows=rows_out,
-                  wall_s=time.time() - t0)  # fmt: skip
+    result = dict(
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command=" ".join(sys.argv),
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        checks=checks,
+        rows=rows_out,
+        wall_s=time.time() - t0,
+    )
     text = json.dumps(result, indent=1)
     _write(args.out, text)
     write_report(json.loads(text), args.out)  # the report reads what --report reads (string keys)

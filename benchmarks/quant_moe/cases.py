@@ -26,8 +26,23 @@ CASES = [
     # every other type vLLM's GGUF MoE accepts, both tensors of one type
     *(
         {"name": f"gguf-{t.lower()}", "kind": "gguf", "gate_up": t, "down": t}
-        for t in ("Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS",
-                  "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "IQ4_NL")
+        for t in (
+            "Q2_K",
+            "Q3_K",
+            "Q5_K",
+            "Q6_K",
+            "Q8_0",
+            "Q4_0",
+            "IQ1_S",
+            "IQ1_M",
+            "IQ2_XXS",
+            "IQ2_XS",
+            "IQ2_S",
+            "IQ3_XXS",
+            "IQ3_S",
+            "IQ4_XS",
+            "IQ4_NL",
+        )
     ),
 ]
 

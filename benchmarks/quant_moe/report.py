@@ -1,6 +1,6 @@
 """Write the quantized-MoE report (markdown) from run.py's JSON.
 
-    python3 benchmarks/quant_moe/report.py RESULT.json OUT.md
+python3 benchmarks/quant_moe/report.py RESULT.json OUT.md
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ def ours(x: dict) -> str:
         return f"error: {x['ours_error'][:80]}"
     if "ours_us_per_call" not in x:
         return ""
-    return (f"{x['ours_us_per_call']:.1f} us, x{x['ours_us_per_call'] / x['floor_us']:.2f}, "
-            f"rel diff {x['ours_rel_diff']:.2g}")
+    return (
+        f"{x['ours_us_per_call']:.1f} us, x{x['ours_us_per_call'] / x['floor_us']:.2f}, "
+        f"rel diff {x['ours_rel_diff']:.2g}"
+    )
 
 
 def render(r: dict) -> str:

@@ -66,18 +66,22 @@ class MoE:
             self.expert_bytes = (2 * i * h + h * i) * 2
         elif kind == "w4a16":
             g = case["group"]
-            self.w = [(*W.w4a16_marlin(e, h, 2 * i, g, dev, gen), *W.w4a16_marlin(e, i, h, g, dev, gen))
-                      for _ in range(layers)]
+            self.w = [
+                (*W.w4a16_marlin(e, h, 2 * i, g, dev, gen), *W.w4a16_marlin(e, i, h, g, dev, gen))
+                for _ in range(layers)
+            ]
             q1, s1, q2, s2 = self.w[0]
-            self.expert_bytes = (q1[0].numel() * 4 + s1[0].numel() * 2 + q2[0].numel() * 4 + s2[0].numel() * 2)
+            self.expert_bytes = q1[0].numel() * 4 + s1[0].numel() * 2 + q2[0].numel() * 4 + s2[0].numel() * 2
             from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_make_workspace_new
 
             self.workspace = marlin_make_workspace_new(dev, 4)
         else:
             t13, t2 = case["gate_up"], case["down"]
             self.types = (B.type_id(t13), B.type_id(t2))
-            self.w = [(B.random_blocks(e, 2 * i, h, t13, dev, gen), B.random_blocks(e, h, i, t2, dev, gen))
-                      for _ in range(layers)]
+            self.w = [
+                (B.random_blocks(e, 2 * i, h, t13, dev, gen), B.random_blocks(e, h, i, t2, dev, gen))
+                for _ in range(layers)
+            ]
             self.expert_bytes = self.w[0][0][0].numel() + self.w[0][1][0].numel()
 
     def __call__(self, layer: int, x, topk_w, topk_ids):
@@ -92,9 +96,20 @@ class MoE:
             from vllm.scalar_type import scalar_types
 
             q1, s1, q2, s2 = self.w[layer]
-            return fused_marlin_moe(x, q1, q2, None, None, s1, s2, topk_w, topk_ids,
-                                    quant_type_id=scalar_types.uint4b8.id, global_num_experts=C.EXPERTS,
-                                    workspace=self.workspace)
+            return fused_marlin_moe(
+                x,
+                q1,
+                q2,
+                None,
+                None,
+                s1,
+                s2,
+                topk_w,
+                topk_ids,
+                quant_type_id=scalar_types.uint4b8.id,
+                global_num_experts=C.EXPERTS,
+                workspace=self.workspace,
+            )
         from vllm.model_executor.layers.quantization.gguf import _fused_moe_gguf
 
         w1, w2 = self.w[layer]
@@ -116,8 +131,7 @@ def make_plan(layers: int, router: W.Router, tokens: int, calls: int, dev, gen):
     return [(c % layers, xs[c], *routes[c]) for c in range(calls)], distinct
 
 
-def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, replays: int,
-            expert_bytes: int) -> dict:
+def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, replays: int, expert_bytes: int) -> dict:
     """Time `moe` (any callable taking a plan entry) over the plan: profile, then CUDA graph replays."""
     calls = len(plan)
     for args in plan[:2]:
@@ -135,6 +149,7 @@ def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, repl
         if ev.device_type.name == "CUDA" and ev.device_time > 0:
             name = ev.name[:90]
             kernels[name] = kernels.get(name, 0.0) + ev.device_time / calls  # us per call
+
     # graph replay timing: the whole plan per replay
     def run_plan():
         for args in plan:
@@ -156,8 +171,13 @@ def measure(moe, plan: list, distinct: list, router: W.Router, tokens: int, repl
 def launches(a) -> list[dict]:
     """The launch configurations of our kernel to measure: the --ours-* defaults, then each of
     --ours-sweep's ("block_n1=16,ksplit1=16;block_n2=128,num_warps2=8": each overrides the defaults)."""
-    base = {"block_n1": a.ours_block_n1, "ksplit1": a.ours_ksplit1, "block_n2": a.ours_block_n2,
-            "num_warps1": a.ours_warps1, "num_warps2": a.ours_warps2}
+    base = {
+        "block_n1": a.ours_block_n1,
+        "ksplit1": a.ours_ksplit1,
+        "block_n2": a.ours_block_n2,
+        "num_warps1": a.ours_warps1,
+        "num_warps2": a.ours_warps2,
+    }
     out = [base]
     for spec in filter(None, (a.ours_sweep or "").split(";")):
         cfg = dict(base)
@@ -177,8 +197,15 @@ def measure_ours_best(moe: MoE, plan: list, distinct: list, router: W.Router, to
     ok = [r for r in runs if "ours_error" not in r]
     best = dict(min(ok, key=lambda r: r["ours_us_per_call"]) if ok else runs[0])
     if len(runs) > 1:
-        best["ours_sweep"] = [{"launch": r["ours_launch"], "us_per_call": r.get("ours_us_per_call"),
-                               "rel_diff": r.get("ours_rel_diff"), "error": r.get("ours_error")} for r in runs]
+        best["ours_sweep"] = [
+            {
+                "launch": r["ours_launch"],
+                "us_per_call": r.get("ours_us_per_call"),
+                "rel_diff": r.get("ours_rel_diff"),
+                "error": r.get("ours_error"),
+            }
+            for r in runs
+        ]
     return best
 
 
@@ -192,15 +219,21 @@ def measure_ours(moe: MoE, plan: list, distinct: list, router: W.Router, tokens:
             got = moe.ours(*args, **launch).float()
             worst = max(worst, float((got - want).abs().max()))
             rel = max(rel, float((got - want).norm() / want.norm().clamp_min(1e-30)))
-        r = measure(lambda *args: moe.ours(*args, **launch), plan, distinct, router, tokens, a.replays,
-                    moe.expert_bytes)
+        r = measure(
+            lambda *args: moe.ours(*args, **launch), plan, distinct, router, tokens, a.replays, moe.expert_bytes
+        )
     except Exception as e:  # our kernel failing on one type must not lose the run
         traceback.print_exc()
         torch.cuda.synchronize()
         return {"ours_error": f"{type(e).__name__}: {e}", "ours_launch": launch}
-    return {"ours_us_per_call": r["us_per_call"], "ours_us_spread": r["us_spread"],
-            "ours_kernels_us": r["kernels_us"], "ours_max_abs_diff": worst, "ours_rel_diff": rel,
-            "ours_launch": launch}
+    return {
+        "ours_us_per_call": r["us_per_call"],
+        "ours_us_spread": r["us_spread"],
+        "ours_kernels_us": r["kernels_us"],
+        "ours_max_abs_diff": worst,
+        "ours_rel_diff": rel,
+        "ours_launch": launch,
+    }
 
 
 def main() -> int:
@@ -216,8 +249,12 @@ def main() -> int:
     ap.add_argument("--ours-block-n1", type=int, default=32, help="our kernel: gate/up rows per program")
     ap.add_argument("--ours-ksplit1", type=int, default=8, help="our kernel: programs sharing a gate/up row")
     ap.add_argument("--ours-block-n2", type=int, default=64, help="our kernel: down rows per program")
-    ap.add_argument("--ours-sweep", default="", help="more launch configurations of our kernel, ';'-separated "
-                    "'key=value,...' overrides of the --ours-* defaults; the fastest is reported, all are kept")
+    ap.add_argument(
+        "--ours-sweep",
+        default="",
+        help="more launch configurations of our kernel, ';'-separated "
+        "'key=value,...' overrides of the --ours-* defaults; the fastest is reported, all are kept",
+    )
     ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
     ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")
     a = ap.parse_args()
@@ -263,17 +300,23 @@ def main() -> int:
                 r["floor_us"] = r["bytes_distinct_mean"] / bw * 1e6
                 r["over_floor"] = r["us_per_call"] / r["floor_us"]
                 row["rows"].append(r)
-                print(f"{name:14s} T={t:2d} {r['us_per_call']:8.1f} us  floor {r['floor_us']:7.1f} us  "
-                      f"x{r['over_floor']:.2f}  experts {r['distinct_experts_mean']:.1f} "
-                      f"(uniform {r['distinct_experts_uniform']:.1f})", flush=True)
+                print(
+                    f"{name:14s} T={t:2d} {r['us_per_call']:8.1f} us  floor {r['floor_us']:7.1f} us  "
+                    f"x{r['over_floor']:.2f}  experts {r['distinct_experts_mean']:.1f} "
+                    f"(uniform {r['distinct_experts_uniform']:.1f})",
+                    flush=True,
+                )
                 if c["kind"] == "gguf" and not a.no_ours:
                     r.update(measure_ours_best(moe, plan, distinct, router, t, a))
                     if "ours_error" in r:
                         print(f"{name:14s} T={t:2d} ours: ERROR {r['ours_error'][:200]}", flush=True)
                     else:
-                        print(f"{name:14s} T={t:2d} ours {r['ours_us_per_call']:8.1f} us  "
-                              f"x{r['ours_us_per_call'] / r['floor_us']:.2f} floor  "
-                              f"max|diff| {r['ours_max_abs_diff']:.3g} (rel {r['ours_rel_diff']:.3g})", flush=True)
+                        print(
+                            f"{name:14s} T={t:2d} ours {r['ours_us_per_call']:8.1f} us  "
+                            f"x{r['ours_us_per_call'] / r['floor_us']:.2f} floor  "
+                            f"max|diff| {r['ours_max_abs_diff']:.3g} (rel {r['ours_rel_diff']:.3g})",
+                            flush=True,
+                        )
             del moe
         except Exception as e:  # one broken case must not lose the others
             row["error"] = f"{type(e).__name__}: {e}"

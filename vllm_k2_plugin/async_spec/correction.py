@@ -65,7 +65,7 @@ def correct_on_device(
     host = torch.from_numpy(
         np.concatenate(
             [np.asarray(prev_rows, np.int64), np.asarray(drafts, np.int64), np.asarray(rows, np.int64), tokens, owner]
-        )  # fmt: skip
+        )
     )
     device = count.device
     if device.type == "cuda":
@@ -112,10 +112,16 @@ def self_check(device) -> str | None:
     want = prepared(computed)
     got = [torch.from_numpy(a.copy()).to(device) for a in prepared(computed + rejected)]
     correct_on_device(
-        rows=rows, starts=[int(starts[i]) for i in rows], ends=[int(ends[i]) for i in rows],
-        prev_rows=prev_rows, drafts=[int(drafts[i]) for i in rows], count=torch.from_numpy(counts).to(device),
-        positions=got[0], seq_lens=got[1], tables=[(torch.from_numpy(table).to(device), got[2], block_size)],
-    )  # fmt: skip
+        rows=rows,
+        starts=[int(starts[i]) for i in rows],
+        ends=[int(ends[i]) for i in rows],
+        prev_rows=prev_rows,
+        drafts=[int(drafts[i]) for i in rows],
+        count=torch.from_numpy(counts).to(device),
+        positions=got[0],
+        seq_lens=got[1],
+        tables=[(torch.from_numpy(table).to(device), got[2], block_size)],
+    )
     for name, w, g in zip(("positions", "seq_lens", "slot_mapping"), want, got, strict=True):
         if not np.array_equal(w, g.cpu().numpy()):
             return f"{name}: {g.cpu().numpy().tolist()} != {w.tolist()}"

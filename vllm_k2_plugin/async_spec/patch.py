@@ -49,8 +49,13 @@ class RunnerState:
         self.count = None  # the last step's accepted+1 per batch row, on the GPU
         self.optimistic: Optimistic | None = None
         self.correction_s = 0.0  # host time of this step's correction (the choice's trial)
-        self.stats = {"steps_without_wait": 0, "steps_waited": 0, "requests_corrected": 0, "drafts_rejected": 0,
-                      "choice": ""}  # fmt: skip
+        self.stats = {
+            "steps_without_wait": 0,
+            "steps_waited": 0,
+            "requests_corrected": 0,
+            "drafts_rejected": 0,
+            "choice": "",
+        }
 
 
 def state(runner) -> RunnerState:
@@ -209,11 +214,16 @@ def _wrap_prepare_inputs(original):
             rows = [batch.req_id_to_index[r] for r in opt.req_ids]
             qsl = self.query_start_loc.np
             correct_on_device(
-                rows=rows, starts=[int(qsl[i]) for i in rows], ends=[int(qsl[i + 1]) for i in rows],
-                prev_rows=list(opt.prev_rows), drafts=list(opt.drafts), count=count,
-                positions=self.positions.gpu, seq_lens=self.seq_lens.gpu,
+                rows=rows,
+                starts=[int(qsl[i]) for i in rows],
+                ends=[int(qsl[i + 1]) for i in rows],
+                prev_rows=list(opt.prev_rows),
+                drafts=list(opt.drafts),
+                count=count,
+                positions=self.positions.gpu,
+                seq_lens=self.seq_lens.gpu,
                 tables=[(t.block_table.gpu, t.slot_mapping.gpu, t.block_size) for t in batch.block_table.block_tables],
-            )  # fmt: skip
+            )
             st.correction_s = time.perf_counter() - t0
         return out
 
@@ -289,18 +299,31 @@ def _upstream_does_not_wait() -> bool:
         raise _Waited
 
     batch = _Stub(
-        req_id_to_index={}, prev_req_id_to_index={}, prev_sampled_token_ids=object(),
-        remove_request=lambda req_id: None, condense=lambda: None, refresh_metadata=lambda: None,
-    )  # fmt: skip
+        req_id_to_index={},
+        prev_req_id_to_index={},
+        prev_sampled_token_ids=object(),
+        remove_request=lambda req_id: None,
+        condense=lambda: None,
+        refresh_metadata=lambda: None,
+    )
     probe.__dict__.update(
-        requests={}, num_prompt_logprobs={}, encoder_cache={}, input_batch=batch, use_async_scheduling=True,
-        valid_sampled_token_count_event=_Stub(synchronize=waited), valid_sampled_token_count_cpu=nothing,
-    )  # fmt: skip
+        requests={},
+        num_prompt_logprobs={},
+        encoder_cache={},
+        input_batch=batch,
+        use_async_scheduling=True,
+        valid_sampled_token_count_event=_Stub(synchronize=waited),
+        valid_sampled_token_count_cpu=nothing,
+    )
     cached = _Stub(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[])
     sched = _Stub(
-        finished_req_ids=set(), free_encoder_mm_hashes=[], num_scheduled_tokens={}, scheduled_new_reqs=[],
-        scheduled_cached_reqs=cached, scheduled_spec_decode_tokens={},
-    )  # fmt: skip
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
+        num_scheduled_tokens={},
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=cached,
+        scheduled_spec_decode_tokens={},
+    )
     pp = getattr(module, "get_pp_group", None)
     if pp is not None:  # no process groups here: a single stage, for this call only
         module.get_pp_group = lambda: _Stub(is_last_rank=True, is_first_rank=True, world_size=1)

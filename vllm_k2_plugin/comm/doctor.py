@@ -10,8 +10,16 @@ from __future__ import annotations
 import os
 
 #: NCCL variables that decide small all-reduces over PCIe (../shared/research/pcie-allreduce.md).
-NCCL_VARS = ("NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_ALGO", "NCCL_GRAPH_FILE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
-             "NCCL_NVLS_ENABLE", "NCCL_IB_DISABLE")  # fmt: skip
+NCCL_VARS = (
+    "NCCL_P2P_LEVEL",
+    "NCCL_PROTO",
+    "NCCL_ALGO",
+    "NCCL_GRAPH_FILE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_IB_DISABLE",
+)
 ADVICE = (
     "untuned NCCL over PCIe was published at ~45-56 us for 4-16 KiB on 8 GPUs and ~20-26 us tuned: "
     "try NCCL_P2P_LEVEL=SYS NCCL_PROTO=LL (or an NCCL_GRAPH_FILE for your topology), then compare the rows below"
@@ -41,9 +49,14 @@ def topology() -> dict:
                 p2p = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_READ)
                 link = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
                 nvlink = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
-                pairs.append({"pair": (i, j), "p2p_read": p2p == pynvml.NVML_P2P_STATUS_OK,
-                              "nvlink": nvlink == pynvml.NVML_P2P_STATUS_OK,
-                              "link": levels.get(link, str(link)).removeprefix("NVML_TOPOLOGY_")})  # fmt: skip
+                pairs.append(
+                    {
+                        "pair": (i, j),
+                        "p2p_read": p2p == pynvml.NVML_P2P_STATUS_OK,
+                        "nvlink": nvlink == pynvml.NVML_P2P_STATUS_OK,
+                        "link": levels.get(link, str(link)).removeprefix("NVML_TOPOLOGY_"),
+                    }
+                )
         return {"gpus": gpus, "pairs": pairs}
     finally:
         pynvml.nvmlShutdown()
@@ -180,8 +193,10 @@ def report(tp: int | None) -> str:
             lines.append(f"GPU {g['index']}: {g['name']} bus {g['bus']} NUMA node {g['numa']}")
         for p in topo["pairs"]:
             i, j = p["pair"]
-            lines.append(f"  {i}<->{j}: P2P read {'yes' if p['p2p_read'] else 'NO'}, "
-                         f"NVLink {'yes' if p['nvlink'] else 'no'}, common ancestor {p['link']}")  # fmt: skip
+            lines.append(
+                f"  {i}<->{j}: P2P read {'yes' if p['p2p_read'] else 'NO'}, "
+                f"NVLink {'yes' if p['nvlink'] else 'no'}, common ancestor {p['link']}"
+            )
         if any(not p["p2p_read"] for p in topo["pairs"]):
             lines.append("  a pair without P2P: the one-shot all-reduce cannot run; engines stay on NCCL")
     lines.append("")
@@ -192,10 +207,13 @@ def report(tp: int | None) -> str:
         lines.append(f"  {ADVICE}")
     lines.append(
         "FlashInfer PCIe-IPC all-reduce (vLLM >= 0.30, FlashInfer >= 0.7): "
-        + ("installed: measured beside NCCL and the one-shot path below; engines use it only with "
-           "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" if flashinfer_pcie_ipc_available()
-           else "not here (this vLLM has no such path, or FlashInfer is not installed)")
-    )  # fmt: skip
+        + (
+            "installed: measured beside NCCL and the one-shot path below; engines use it only with "
+            "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1"
+            if flashinfer_pcie_ipc_available()
+            else "not here (this vLLM has no such path, or FlashInfer is not installed)"
+        )
+    )
     record = read_record()
     lines.append("")
     lines.append(
@@ -208,9 +226,13 @@ def report(tp: int | None) -> str:
     want = tp or gpus
     lines += ["", *switch_advice(topo, want)]
     if want < 2 or gpus < want:
-        lines.append(f"all-reduce latency: not measured ({gpus} GPU(s) visible, TP {want} asked): "
-                     "NCCL, P2P and the one-shot kernel need two GPUs or more")  # fmt: skip
+        lines.append(
+            f"all-reduce latency: not measured ({gpus} GPU(s) visible, TP {want} asked): "
+            "NCCL, P2P and the one-shot kernel need two GPUs or more"
+        )
     else:
-        lines.append(f"all-reduce at K2.5's sizes across {want} GPUs, start-up check as an engine runs it "
-                     f"(µs per all-reduce in a CUDA graph, slowest rank): {measure(want)}")  # fmt: skip
+        lines.append(
+            f"all-reduce at K2.5's sizes across {want} GPUs, start-up check as an engine runs it "
+            f"(µs per all-reduce in a CUDA graph, slowest rank): {measure(want)}"
+        )
     return "\n".join(lines)

@@ -256,10 +256,17 @@ def _upstream_takes_pcie_ranks() -> bool:
     cls = importlib.import_module(CA_MODULE).CustomAllreduce
     probe = cls.__new__(cls)
     probe.__dict__.update(
-        disabled=False, world_size=8, rank=0, fully_connected=False, mnnvl_only=False, max_size=8 * 1024 * 1024,
-        batch_invariant=False, _IS_CAPTURING=False, _ptr=0,  # _ptr: its __del__ frees nothing
+        disabled=False,
+        world_size=8,
+        rank=0,
+        fully_connected=False,
+        mnnvl_only=False,
+        max_size=8 * 1024 * 1024,
+        batch_invariant=False,
+        _IS_CAPTURING=False,
+        _ptr=0,  # _ptr: its __del__ frees nothing
         pcie_max_size=getattr(envs, "VLLM_CUSTOM_ALLREDUCE_PCIE_MAX_SIZE", 0),
-    )  # fmt: skip
+    )
     return bool(cls.should_custom_ar(probe, torch.empty(7168, dtype=torch.bfloat16)))
 
 

@@ -56,8 +56,14 @@ def as_decode_metadata(common, q_len: int):
     reqs = int(common.num_reqs)
     query_start_loc, seq_lens, block_table = as_decode_rows(common.seq_lens[:reqs], common.block_table_tensor, q_len)
     # host copies and caches laid out per request: dropped, the builder recomputes what it reads
-    host = ("_seq_lens_cpu", "_num_computed_tokens_cpu", "seq_lens_cpu_upper_bound", "is_prefilling",
-            "_num_computed_tokens_cache", "_token_to_req_indices_cache")  # fmt: skip
+    host = (
+        "_seq_lens_cpu",
+        "_num_computed_tokens_cpu",
+        "seq_lens_cpu_upper_bound",
+        "is_prefilling",
+        "_num_computed_tokens_cache",
+        "_token_to_req_indices_cache",
+    )
     return dataclasses.replace(
         common,
         query_start_loc=query_start_loc,

@@ -122,12 +122,28 @@ def measure(device, heads_q: int, heads_kv: int, head: int, dtype, segments: int
 
             def run(out=out):
                 ops.unified_attention(
-                    q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens, max_seqlen_q=1,
-                    seqused_k=seq_lens, max_seqlen_k=ctx, softmax_scale=head**-0.5, causal=True,
-                    window_size=(-1, -1), block_table=table, softcap=0, q_descale=None, k_descale=ones,
-                    v_descale=ones, seq_threshold_3D=1, num_par_softmax_segments=segments,
-                    softmax_segm_output=scratch[0], softmax_segm_max=scratch[1], softmax_segm_expsum=scratch[2],
-                )  # fmt: skip
+                    q=q,
+                    k=k,
+                    v=v,
+                    out=out,
+                    cu_seqlens_q=cu_seqlens,
+                    max_seqlen_q=1,
+                    seqused_k=seq_lens,
+                    max_seqlen_k=ctx,
+                    softmax_scale=head**-0.5,
+                    causal=True,
+                    window_size=(-1, -1),
+                    block_table=table,
+                    softcap=0,
+                    q_descale=None,
+                    k_descale=ones,
+                    v_descale=ones,
+                    seq_threshold_3D=1,
+                    num_par_softmax_segments=segments,
+                    softmax_segm_output=scratch[0],
+                    softmax_segm_max=scratch[1],
+                    softmax_segm_expsum=scratch[2],
+                )
 
             run()
             outs[name] = out.float()  # the eager output: what decides correctness
@@ -140,8 +156,14 @@ def measure(device, heads_q: int, heads_kv: int, head: int, dtype, segments: int
         ops._get_tile_size = stock_get
     a, b = outs["stock"], outs["ours"]
     rel = float((b - a).norm() / a.norm().clamp_min(1e-30)) if torch.isfinite(b).all() else float("nan")
-    return {"context": ctx, "segments": segments, "stock_us": round(times["stock"], 2),
-            "ours_us": round(times["ours"], 2), "rel_err": rel, "timing": timing}  # fmt: skip
+    return {
+        "context": ctx,
+        "segments": segments,
+        "stock_us": round(times["stock"], 2),
+        "ours_us": round(times["ours"], 2),
+        "rel_err": rel,
+        "timing": timing,
+    }
 
 
 def _segments_for_one_row(builder, heads_kv: int, sm_count: int) -> int:
@@ -179,9 +201,15 @@ def _check_once(device_index: int, heads_q: int, heads_kv: int, head: int, dtype
     logger().info(
         "vllm-k2: draft-attention-tile: %s, one row over %d keys in %d segments: tile %d %.1f us, vLLM's %.1f us, "
         "rel. difference %.1e: %s",
-        where, m["context"], m["segments"], CANDIDATE, m["ours_us"], m["stock_us"], m["rel_err"],
+        where,
+        m["context"],
+        m["segments"],
+        CANDIDATE,
+        m["ours_us"],
+        m["stock_us"],
+        m["rel_err"],
         (f"decode tile {CANDIDATE} used" if used else "vLLM's decode tile kept") + f" (timed by {m['timing']})",
-    )  # fmt: skip
+    )
 
 
 def _wrap_init(original):

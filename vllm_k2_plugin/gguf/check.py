@@ -44,8 +44,9 @@ def check_gguf(path: str, config_dir: str, force_dequant: list[str] | None = Non
         )
     shards = discover_shards(path)
     names = deepseek2_name_map(SimpleNamespace(**text))
-    plan = make_plan(shards, names, Options(force=["*"] if force_dequant == ["all"] else list(force_dequant or [])),
-                     on_cpu=on_cpu)  # fmt: skip
+    plan = make_plan(
+        shards, names, Options(force=["*"] if force_dequant == ["all"] else list(force_dequant or [])), on_cpu=on_cpu
+    )
     want = _mla_shapes(text, where)
     layouts = set()
     for i in names.kv_b:

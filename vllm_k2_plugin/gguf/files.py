@@ -14,10 +14,27 @@ _SHARD = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$")
 #: force-dequantized. F32/F16/BF16 are unquantized.
 UNQUANTIZED = {"F32", "F16", "BF16"}
 KERNEL_TYPES = {
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-    "IQ1_M", "IQ1_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "IQ4_NL",
-}  # fmt: skip
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q8_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ1_M",
+    "IQ1_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ4_XS",
+    "IQ4_NL",
+}
 
 
 class GGUFLoadError(RuntimeError):

@@ -46,18 +46,31 @@ def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list
     steps = HIDDEN // g1["QK"] // g1["STEP"]
     ksplit = triton.cdiv(steps, triton.cdiv(steps, max(1, min(launch["ksplit1"], steps))))
     common = {"grid": "*fp32", "signs": "*u8", "kvalues": "*fp32", "w": "*u8", "sorted_ids": "*i32", "order": "*i64"}
-    c1 = {"TOP_K": TOP_K, "P_PAD": p_pad, **g1, "BLOCK_N": launch["block_n1"], "BLOCK_M": launch["block_m"],
-          "DOT_F32": False, "KSPLIT": ksplit}  # fmt: skip
+    c1 = {
+        "TOP_K": TOP_K,
+        "P_PAD": p_pad,
+        **g1,
+        "BLOCK_N": launch["block_n1"],
+        "BLOCK_M": launch["block_m"],
+        "DOT_F32": False,
+        "KSPLIT": ksplit,
+    }
     s1 = _signature(gate_up_kernel, {**common, "x": "*bf16", "act": "*fp32" if ksplit > 1 else "*bf16"}, c1)
     c2 = {"P_PAD": p_pad, **g2, "BLOCK_N": launch["block_n2"], "BLOCK_M": launch["block_m"], "DOT_F32": False}
     s2 = _signature(down_kernel, {**common, "act": "*bf16", "topk_weights": "*fp32", "y": "*fp32"}, c2)
     stages = launch.get("num_stages") or ops.default_stages(type_name)
     return [
-        ("gate_up", ASTSource(fn=gate_up_kernel, signature=s1, constexprs=c1, attrs=_aligned(s1)),
-         {"num_warps": launch["num_warps1"], "num_stages": stages}),
-        ("down", ASTSource(fn=down_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
-         {"num_warps": launch["num_warps2"], "num_stages": stages}),
-    ]  # fmt: skip
+        (
+            "gate_up",
+            ASTSource(fn=gate_up_kernel, signature=s1, constexprs=c1, attrs=_aligned(s1)),
+            {"num_warps": launch["num_warps1"], "num_stages": stages},
+        ),
+        (
+            "down",
+            ASTSource(fn=down_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
+            {"num_warps": launch["num_warps2"], "num_stages": stages},
+        ),
+    ]
 
 
 def _aligned(sig: dict) -> dict:
@@ -92,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             shared = compile_type(name, arch, args.tokens)
             fits = max(shared.values()) <= SMEM_LIMITS[arch]
             bad += not fits
-            print(f"{name:8} {arch:>4} {shared['gate_up']:>10} {shared['down']:>8} {SMEM_LIMITS[arch]:>7}"
-                  f"{'' if fits else '  OVER'}")  # fmt: skip
+            print(
+                f"{name:8} {arch:>4} {shared['gate_up']:>10} {shared['down']:>8} {SMEM_LIMITS[arch]:>7}"
+                f"{'' if fits else '  OVER'}"
+            )
     return 1 if bad else 0
 
 

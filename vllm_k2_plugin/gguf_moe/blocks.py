@@ -12,10 +12,24 @@ import torch
 
 #: byte offsets of each block's float16 scale fields (ggml's block layouts, ggml-common.h)
 F16_FIELDS = {
-    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
-    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-    "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
-    "IQ1_S": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "IQ1_S": (0,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
     "IQ1_M": (),  # scale in the scale words' top nibbles: see random_blocks
 }
 

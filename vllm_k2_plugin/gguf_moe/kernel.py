@@ -40,11 +40,25 @@ IQ1_M = tl.constexpr(29)
 
 #: per ggml type id: (groups per block, weights per group, has an additive min term b)
 GROUPS = {
-    2: (1, 32, False), 3: (1, 32, True), 6: (1, 32, False), 7: (1, 32, True), 8: (1, 32, False),
+    2: (1, 32, False),
+    3: (1, 32, True),
+    6: (1, 32, False),
+    7: (1, 32, True),
+    8: (1, 32, False),
     20: (1, 32, False),
-    10: (16, 16, True), 11: (16, 16, False), 12: (8, 32, True), 13: (8, 32, True), 14: (16, 16, False),
-    16: (8, 32, False), 17: (16, 16, False), 22: (16, 16, False), 18: (8, 32, False), 21: (8, 32, False),
-    19: (8, 32, False), 29: (16, 16, False), 23: (8, 32, False),
+    10: (16, 16, True),
+    11: (16, 16, False),
+    12: (8, 32, True),
+    13: (8, 32, True),
+    14: (16, 16, False),
+    16: (8, 32, False),
+    17: (16, 16, False),
+    22: (16, 16, False),
+    18: (8, 32, False),
+    21: (8, 32, False),
+    19: (8, 32, False),
+    29: (16, 16, False),
+    23: (8, 32, False),
 }
 
 
@@ -245,7 +259,9 @@ def _iq1_m(blk, g: tl.constexpr, w, grid):
     idx = _u8(blk + e) | ((nib & 7) << 8)
     delta = tl.where((nib & 8) != 0, -0.125, 0.125)
     d_bits = (
-        (_u16(blk + 48) >> 12) | ((_u16(blk + 50) >> 8) & 0xF0) | ((_u16(blk + 52) >> 4) & 0xF00)
+        (_u16(blk + 48) >> 12)
+        | ((_u16(blk + 50) >> 8) & 0xF0)
+        | ((_u16(blk + 52) >> 4) & 0xF00)
         | (_u16(blk + 54) & 0xF000)
     )
     sc = (_u16(blk + 48 + 2 * (g // 4)) >> (3 * (g % 4))) & 7
@@ -311,8 +327,20 @@ def _group(TYPE: tl.constexpr, blk, g: tl.constexpr, S: tl.constexpr, grid, sign
 
 
 @triton.jit
-def _group_dot(acc, TYPE: tl.constexpr, blk, g: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
-               xg, xsum, dot_ty: tl.constexpr, grid, signs, kvalues):
+def _group_dot(
+    acc,
+    TYPE: tl.constexpr,
+    blk,
+    g: tl.constexpr,
+    S: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    xg,
+    xsum,
+    dot_ty: tl.constexpr,
+    grid,
+    signs,
+    kvalues,
+):
     v, a, b = _group(TYPE, blk, g, S, grid, signs, kvalues)
     acc += a * tl.dot(v.to(dot_ty), xg)
     if HAS_MIN:
@@ -321,10 +349,28 @@ def _group_dot(acc, TYPE: tl.constexpr, blk, g: tl.constexpr, S: tl.constexpr, H
 
 
 @triton.jit
-def _expert_dot(rows_a, rows_b, x_rows, m_ok, kb_start, kb_end, TYPE: tl.constexpr, QK: tl.constexpr,
-                BYTES: tl.constexpr, GROUPS: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
-                STEP: tl.constexpr, DUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                DOT_F32: tl.constexpr, grid, signs, kvalues):
+def _expert_dot(
+    rows_a,
+    rows_b,
+    x_rows,
+    m_ok,
+    kb_start,
+    kb_end,
+    TYPE: tl.constexpr,
+    QK: tl.constexpr,
+    BYTES: tl.constexpr,
+    GROUPS: tl.constexpr,
+    S: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    STEP: tl.constexpr,
+    DUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    grid,
+    signs,
+    kvalues,
+):
     """[BLOCK_N, BLOCK_M] fp32 products of the weight rows at `rows_a` (and `rows_b` when DUAL:
     gate and up share each activation load) with the activation rows at `x_rows` ([1, BLOCK_M]),
     over the row's block steps [kb_start, kb_end) (a step = STEP ggml blocks)."""
@@ -341,11 +387,13 @@ def _expert_dot(rows_a, rows_b, x_rows, m_ok, kb_start, kb_end, TYPE: tl.constex
                 if HAS_MIN:
                     xsum = tl.sum(xg.to(tl.float32), axis=0)[None, :]
                 xg = xg.to(dot_ty)
-                acc_a = _group_dot(acc_a, TYPE, rows_a + nb * BYTES, g, S, HAS_MIN, xg, xsum, dot_ty,
-                                   grid, signs, kvalues)
+                acc_a = _group_dot(
+                    acc_a, TYPE, rows_a + nb * BYTES, g, S, HAS_MIN, xg, xsum, dot_ty, grid, signs, kvalues
+                )
                 if DUAL:
-                    acc_b = _group_dot(acc_b, TYPE, rows_b + nb * BYTES, g, S, HAS_MIN, xg, xsum, dot_ty,
-                                       grid, signs, kvalues)
+                    acc_b = _group_dot(
+                        acc_b, TYPE, rows_b + nb * BYTES, g, S, HAS_MIN, xg, xsum, dot_ty, grid, signs, kvalues
+                    )
     return acc_a, acc_b
 
 
@@ -362,12 +410,35 @@ def _expert_tile(sorted_ids, t, P, P_PAD: tl.constexpr):
 
 
 @triton.jit
-def gate_up_kernel(x, w, sorted_ids, order, act, grid, signs, kvalues,
-                   P, N, K, stride_x, stride_we, stride_wn,
-                   TOP_K: tl.constexpr, P_PAD: tl.constexpr, TYPE: tl.constexpr, QK: tl.constexpr,
-                   BYTES: tl.constexpr, GROUPS: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
-                   STEP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr,
-                   KSPLIT: tl.constexpr):
+def gate_up_kernel(
+    x,
+    w,
+    sorted_ids,
+    order,
+    act,
+    grid,
+    signs,
+    kvalues,
+    P,
+    N,
+    K,
+    stride_x,
+    stride_we,
+    stride_wn,
+    TOP_K: tl.constexpr,
+    P_PAD: tl.constexpr,
+    TYPE: tl.constexpr,
+    QK: tl.constexpr,
+    BYTES: tl.constexpr,
+    GROUPS: tl.constexpr,
+    S: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    STEP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    KSPLIT: tl.constexpr,
+):
     """KSPLIT == 1: act[pair, n] = SiLU(gate) * up for rows n of this program's tile, every pair of
     its expert. KSPLIT > 1: program_id(2) takes its share of the row's blocks and writes fp32 partial
     gate and up rows to act[split, pair, 0:2N] (summed and activated afterwards): a few experts x
@@ -388,9 +459,28 @@ def gate_up_kernel(x, w, sorted_ids, order, act, grid, signs, kvalues,
             m_ok = m < count
             pair = tl.load(order + start + m, mask=m_ok, other=0).to(tl.int64)
             x_rows = x + (pair // TOP_K)[None, :] * stride_x
-            gate, up = _expert_dot(base + rows_in * stride_wn, base + (rows_in + N) * stride_wn, x_rows,
-                                   m_ok[None, :], kb_start, kb_end, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP,
-                                   True, BLOCK_N, BLOCK_M, DOT_F32, grid, signs, kvalues)
+            gate, up = _expert_dot(
+                base + rows_in * stride_wn,
+                base + (rows_in + N) * stride_wn,
+                x_rows,
+                m_ok[None, :],
+                kb_start,
+                kb_end,
+                TYPE,
+                QK,
+                BYTES,
+                GROUPS,
+                S,
+                HAS_MIN,
+                STEP,
+                True,
+                BLOCK_N,
+                BLOCK_M,
+                DOT_F32,
+                grid,
+                signs,
+                kvalues,
+            )
             mask = (rows < N)[:, None] & m_ok[None, :]
             if KSPLIT == 1:
                 h = gate * tl.sigmoid(gate) * up
@@ -402,11 +492,33 @@ def gate_up_kernel(x, w, sorted_ids, order, act, grid, signs, kvalues,
 
 
 @triton.jit
-def down_kernel(act, w, sorted_ids, order, topk_weights, y, grid, signs, kvalues,
-                P, H, N, stride_we, stride_wn,
-                P_PAD: tl.constexpr, TYPE: tl.constexpr, QK: tl.constexpr,
-                BYTES: tl.constexpr, GROUPS: tl.constexpr, S: tl.constexpr, HAS_MIN: tl.constexpr,
-                STEP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
+def down_kernel(
+    act,
+    w,
+    sorted_ids,
+    order,
+    topk_weights,
+    y,
+    grid,
+    signs,
+    kvalues,
+    P,
+    H,
+    N,
+    stride_we,
+    stride_wn,
+    P_PAD: tl.constexpr,
+    TYPE: tl.constexpr,
+    QK: tl.constexpr,
+    BYTES: tl.constexpr,
+    GROUPS: tl.constexpr,
+    S: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    STEP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """y[pair, h] = topk_weight[pair] * (w2[expert] @ act[pair])[h] (fp32) for this tile's rows h."""
     start, count = _expert_tile(sorted_ids, tl.program_id(0), P, P_PAD)
     if count > 0:
@@ -418,9 +530,29 @@ def down_kernel(act, w, sorted_ids, order, topk_weights, y, grid, signs, kvalues
             m = m0 + tl.arange(0, BLOCK_M)
             m_ok = m < count
             pair = tl.load(order + start + m, mask=m_ok, other=0).to(tl.int64)
-            out, _ = _expert_dot(base + rows_in * stride_wn, base, act + pair[None, :] * N, m_ok[None, :],
-                                 0, N // QK // STEP, TYPE, QK, BYTES, GROUPS, S, HAS_MIN, STEP, False,
-                                 BLOCK_N, BLOCK_M, DOT_F32, grid, signs, kvalues)
+            out, _ = _expert_dot(
+                base + rows_in * stride_wn,
+                base,
+                act + pair[None, :] * N,
+                m_ok[None, :],
+                0,
+                N // QK // STEP,
+                TYPE,
+                QK,
+                BYTES,
+                GROUPS,
+                S,
+                HAS_MIN,
+                STEP,
+                False,
+                BLOCK_N,
+                BLOCK_M,
+                DOT_F32,
+                grid,
+                signs,
+                kvalues,
+            )
             scale = tl.load(topk_weights + pair, mask=m_ok, other=0.0).to(tl.float32)
-            tl.store(y + pair[None, :] * H + rows[:, None], out * scale[None, :],
-                     mask=(rows < H)[:, None] & m_ok[None, :])
+            tl.store(
+                y + pair[None, :] * H + rows[:, None], out * scale[None, :], mask=(rows < H)[:, None] & m_ok[None, :]
+            )

@@ -20,9 +20,25 @@ from . import blocks
 #: ggml's activation format (no weight file stores it), gguf-py has no dequantizer for it and its
 #: GGML_QUANT_SIZES entry (40 bytes) is not ggml's 36-byte block.
 SUPPORTED = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-    "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
 )
 #: (T * top_k) pairs one call may route: each program scans the sorted pair list in registers
 MAX_PAIRS = 4096
@@ -47,8 +63,9 @@ def _check_type(qtype, arg: str) -> tuple[int, str]:
     except ValueError as e:
         raise ValueError(f"{arg}: {e}") from None
     if name not in SUPPORTED:
-        raise ValueError(f"{arg}: ggml type {name} ({qtype}) has no grouped GGUF MoE kernel; "
-                         f"supported: {', '.join(SUPPORTED)}")
+        raise ValueError(
+            f"{arg}: ggml type {name} ({qtype}) has no grouped GGUF MoE kernel; supported: {', '.join(SUPPORTED)}"
+        )
     return blocks.type_id(name), name
 
 
@@ -82,7 +99,12 @@ def _geometry(type_id: int, name: str, cols: int, arg: str, what: str) -> dict:
     groups, size, has_min = GROUPS[type_id]
     per_256 = 256 // qk  # 32-weight types take 8 blocks a step where the row allows it
     return {
-        "TYPE": type_id, "QK": qk, "BYTES": nbytes, "GROUPS": groups, "S": size, "HAS_MIN": has_min,
+        "TYPE": type_id,
+        "QK": qk,
+        "BYTES": nbytes,
+        "GROUPS": groups,
+        "S": size,
+        "HAS_MIN": has_min,
         "STEP": per_256 if (cols // qk) % per_256 == 0 else 1,
     }
 
@@ -132,23 +154,28 @@ def fused_moe_gguf_grouped(
     g1 = _geometry(id1, name1, hidden, "w1", "a row (x's hidden size)")
     g2 = _geometry(id2, name2, n, "w2", "a row (w1's intermediate size)")
     if w1.shape[2] != hidden // g1["QK"] * g1["BYTES"]:
-        raise ValueError(f"w1: {w1.shape[2]} bytes per row, {name1} rows of {hidden} weights take "
-                         f"{hidden // g1['QK'] * g1['BYTES']}")
+        raise ValueError(
+            f"w1: {w1.shape[2]} bytes per row, {name1} rows of {hidden} weights take {hidden // g1['QK'] * g1['BYTES']}"
+        )
     if w2.shape[0] != experts or w2.shape[1] != hidden:
         raise ValueError(f"w2: want [{experts}, {hidden}, bytes], got {tuple(w2.shape)}")
     if w2.shape[2] != n // g2["QK"] * g2["BYTES"]:
-        raise ValueError(f"w2: {w2.shape[2]} bytes per row, {name2} rows of {n} weights take "
-                         f"{n // g2['QK'] * g2['BYTES']}")
+        raise ValueError(
+            f"w2: {w2.shape[2]} bytes per row, {name2} rows of {n} weights take {n // g2['QK'] * g2['BYTES']}"
+        )
     if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"topk_ids: want [{t}, top_k] int32/int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
     if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
-        raise ValueError(f"topk_weights: want float {tuple(topk_ids.shape)}, got "
-                         f"{tuple(topk_weights.shape)} {topk_weights.dtype}")
+        raise ValueError(
+            f"topk_weights: want float {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)} {topk_weights.dtype}"
+        )
     top_k = topk_ids.shape[1]
     pairs = t * top_k
     if pairs > MAX_PAIRS:
-        raise ValueError(f"topk_ids: {t} tokens x top {top_k} = {pairs} pairs, this kernel takes at most "
-                         f"{MAX_PAIRS} (it is for decode / verify batches)")
+        raise ValueError(
+            f"topk_ids: {t} tokens x top {top_k} = {pairs} pairs, this kernel takes at most "
+            f"{MAX_PAIRS} (it is for decode / verify batches)"
+        )
     if pairs == 0:
         return torch.zeros_like(x)
     from .kernel import down_kernel, gate_up_kernel
@@ -169,18 +196,50 @@ def fused_moe_gguf_grouped(
     dot_f32 = interpreting()  # the interpreter's bf16 dot is wrong (Triton 3.6): widen there only
     dev = str(x.device)
     gate_up_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
-        x, w1, sorted_ids, order, act, *type_tables(name1, dev),
-        pairs, n, hidden, x.stride(0), w1.stride(0), w1.stride(1),
-        TOP_K=top_k, P_PAD=p_pad, **g1, BLOCK_N=block_n1, BLOCK_M=block_m, DOT_F32=dot_f32, KSPLIT=ksplit,
-        num_warps=num_warps1, num_stages=num_stages or default_stages(name1),
+        x,
+        w1,
+        sorted_ids,
+        order,
+        act,
+        *type_tables(name1, dev),
+        pairs,
+        n,
+        hidden,
+        x.stride(0),
+        w1.stride(0),
+        w1.stride(1),
+        TOP_K=top_k,
+        P_PAD=p_pad,
+        **g1,
+        BLOCK_N=block_n1,
+        BLOCK_M=block_m,
+        DOT_F32=dot_f32,
+        KSPLIT=ksplit,
+        num_warps=num_warps1,
+        num_stages=num_stages or default_stages(name1),
     )
     if ksplit > 1:
         gate_up = act.sum(dim=0)
         act = (torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]).to(x.dtype)
     down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
-        act, w2, sorted_ids, order, weights, y, *type_tables(name2, dev),
-        pairs, hidden, n, w2.stride(0), w2.stride(1),
-        P_PAD=p_pad, **g2, BLOCK_N=block_n2, BLOCK_M=block_m, DOT_F32=dot_f32,
-        num_warps=num_warps2, num_stages=num_stages or default_stages(name2),
+        act,
+        w2,
+        sorted_ids,
+        order,
+        weights,
+        y,
+        *type_tables(name2, dev),
+        pairs,
+        hidden,
+        n,
+        w2.stride(0),
+        w2.stride(1),
+        P_PAD=p_pad,
+        **g2,
+        BLOCK_N=block_n2,
+        BLOCK_M=block_m,
+        DOT_F32=dot_f32,
+        num_warps=num_warps2,
+        num_stages=num_stages or default_stages(name2),
     )
     return y.view(t, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -68,9 +68,17 @@ def register_op():
 
     if not hasattr(torch.ops.vllm, OP_NAME):
         # the op schema is read from real annotations (this module's are strings)
-        types = {"x": torch.Tensor, "w1": torch.Tensor, "w2": torch.Tensor, "topk_weights": torch.Tensor,
-                 "topk_ids": torch.Tensor, "qweight_type": int, "qweight_type2": int, "activation": str,
-                 "return": torch.Tensor}  # fmt: skip
+        types = {
+            "x": torch.Tensor,
+            "w1": torch.Tensor,
+            "w2": torch.Tensor,
+            "topk_weights": torch.Tensor,
+            "topk_ids": torch.Tensor,
+            "qweight_type": int,
+            "qweight_type2": int,
+            "activation": str,
+            "return": torch.Tensor,
+        }
         _dispatch.__annotations__ = dict(types)
         _dispatch_fake.__annotations__ = dict(types)
         importlib.import_module(MODULE).direct_register_custom_op(
@@ -93,13 +101,20 @@ def choose_for_layer(layer) -> None:
         return
     top_k = int(getattr(layer, "top_k", 8))
     CHOICES[key] = choose(
-        w1.data, w2.data, t1, t2, top_k, _vllm, _ours,
+        w1.data,
+        w2.data,
+        t1,
+        t2,
+        top_k,
+        _vllm,
+        _ours,
         lambda w, t, rows, cols: ops.ggml_dequantize(w, t, rows, cols, None),
         always=gguf_moe_mode() == "always",
-    )  # fmt: skip
+    )
     torch.cuda.empty_cache()  # before vLLM measures memory for its KV cache
-    logger.info("grouped GGUF MoE, experts %s/%s %s: %s", _type_name(t1), _type_name(t2), key[2:],
-                CHOICES[key].summary())  # fmt: skip
+    logger.info(
+        "grouped GGUF MoE, experts %s/%s %s: %s", _type_name(t1), _type_name(t2), key[2:], CHOICES[key].summary()
+    )
 
 
 def _type_name(t: int) -> str:

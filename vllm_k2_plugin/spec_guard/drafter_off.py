@@ -92,17 +92,24 @@ def _upstream_skips_drafter() -> bool:
     drafter = _Recorder()
     probe = GPUModelRunner.__new__(GPUModelRunner)
     probe.speculative_config = SimpleNamespace(
-        method="eagle3", use_eagle=lambda: True, disable_padded_drafter_batch=False,
-        use_ngram_gpu=lambda: False, uses_extract_hidden_states=lambda: False,
-        use_dflash=lambda: False, uses_draft_model=lambda: False,
-    )  # fmt: skip
+        method="eagle3",
+        use_eagle=lambda: True,
+        disable_padded_drafter_batch=False,
+        use_ngram_gpu=lambda: False,
+        uses_extract_hidden_states=lambda: False,
+        use_dflash=lambda: False,
+        uses_draft_model=lambda: False,
+    )
     probe.drafter, probe.valid_sampled_token_count_event = drafter, None  # None: no async copy (as on CPU)
     probe.num_spec_tokens = 1
-    out = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=1,
-                          num_scheduled_tokens={"probe": 1}, scheduled_new_reqs=[])  # fmt: skip
+    out = SimpleNamespace(
+        num_spec_tokens_to_schedule=0,
+        total_num_scheduled_tokens=1,
+        num_scheduled_tokens={"probe": 1},
+        scheduled_new_reqs=[],
+    )
     try:
-        GPUModelRunner.propose_draft_token_ids(probe, out, torch.zeros(1, 1, dtype=torch.int32),
-                                               *([None] * 7))  # fmt: skip
+        GPUModelRunner.propose_draft_token_ids(probe, out, torch.zeros(1, 1, dtype=torch.int32), *([None] * 7))
     except Exception:  # noqa: BLE001 - stock reaches for the runner's state on the way to the drafter
         return False
     return "propose" not in drafter.calls

@@ -91,8 +91,12 @@ def _file_guard_turns_k_down() -> bool:
             guard.fill()
             k = guard.lookup[1]
             ks.append(k)
-            step = SimpleNamespace(num_scheduled_tokens={"probe": 1 + k}, num_spec_tokens_to_schedule=k,
-                                   scheduled_new_reqs=[], scheduled_spec_decode_tokens={"probe": [0] * k})  # fmt: skip
+            step = SimpleNamespace(
+                num_scheduled_tokens={"probe": 1 + k},
+                num_spec_tokens_to_schedule=k,
+                scheduled_new_reqs=[],
+                scheduled_spec_decode_tokens={"probe": [0] * k},
+            )
             guard.scheduled(step, time.perf_counter() - 1e-3 * (10 + 2 * k))  # the step's cost, as if it ran
             guard.observe_request(k, 0)
             guard.step_done(step)
@@ -219,10 +223,13 @@ def _wrap_update(original):
                 logger().info(
                     "vllm-k2: speculation guard: batch bucket %d (%d+ requests): k %d -> %d "
                     "(tokens/ms by k: %s; acceptance by position: %s)",
-                    decision.bucket, 1 << decision.bucket, decision.old_k, decision.new_k,
+                    decision.bucket,
+                    1 << decision.bucket,
+                    decision.old_k,
+                    decision.new_k,
                     {j: round(v, 4) for j, v in sorted(decision.tokens_per_ms.items())},
                     [round(a, 3) for a in state.guard.acceptance()],
-                )  # fmt: skip
+                )
         return result
 
     return update_from_output

@@ -190,10 +190,18 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
                 for r in rounds
                 if "error" not in r.get(mode.name, {"error": 1}) and "error" not in r.get(base, {"error": 1})
             ]
-            both = [r for r in rounds
-                    if "error" not in r.get(mode.name, {"error": 1}) and "error" not in r.get(base, {"error": 1})]
-            pairs = [(r[mode.name]["by_concurrency"][c].get("aggregate_tok_per_s"),
-                      r[base]["by_concurrency"][c].get("aggregate_tok_per_s")) for r in both]  # fmt: skip
+            both = [
+                r
+                for r in rounds
+                if "error" not in r.get(mode.name, {"error": 1}) and "error" not in r.get(base, {"error": 1})
+            ]
+            pairs = [
+                (
+                    r[mode.name]["by_concurrency"][c].get("aggregate_tok_per_s"),
+                    r[base]["by_concurrency"][c].get("aggregate_tok_per_s"),
+                )
+                for r in both
+            ]
             agg = [a / b for a, b in pairs if a and b]
             entry[c] = {
                 "tok_per_s_median": statistics.median(tps) if tps else None,
@@ -233,10 +241,14 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
         m.name: (
             None
             if base_texts is None or not summary[m.name]["rounds_ok"]
-            else [i for r in rounds if "error" not in r.get(m.name, {"error": 1})
-                  for i, (a, b) in enumerate(zip(r[m.name]["texts"], base_texts, strict=True))
-                  if a is not None and b is not None and a != b]
+            else [
+                i
+                for r in rounds
+                if "error" not in r.get(m.name, {"error": 1})
+                for i, (a, b) in enumerate(zip(r[m.name]["texts"], base_texts, strict=True))
+                if a is not None and b is not None and a != b
+            ]
         )
         for m in cfg.modes
-    }  # fmt: skip
+    }
     return summary

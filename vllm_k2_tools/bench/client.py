@@ -44,8 +44,16 @@ def request_body(model: str, prompt: str, max_tokens: int, temperature: float = 
     return body
 
 
-def chat(url: str, model: str, index: int, prompt: str, max_tokens: int, timeout: float = 600,
-         temperature: float = 0.0, seed: int | None = None) -> RequestResult:  # fmt: skip
+def chat(
+    url: str,
+    model: str,
+    index: int,
+    prompt: str,
+    max_tokens: int,
+    timeout: float = 600,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> RequestResult:
     body = request_body(model, prompt, max_tokens, temperature, seed)
     t0 = time.perf_counter()
     ttft, parts, tokens = None, [], 0
@@ -64,15 +72,17 @@ def chat(url: str, model: str, index: int, prompt: str, max_tokens: int, timeout
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
     latency = time.perf_counter() - t0
-    return RequestResult(index, "".join(parts), tokens, ttft if ttft is not None else latency, latency,
-                         greedy=temperature == 0.0)  # fmt: skip
+    return RequestResult(
+        index, "".join(parts), tokens, ttft if ttft is not None else latency, latency, greedy=temperature == 0.0
+    )
 
 
 def run_load(url: str, model: str, prompts: list[dict], concurrency: int, max_tokens: int) -> list[RequestResult]:
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [
-            pool.submit(chat, url, model, i, p["prompt"], max_tokens,
-                        temperature=p.get("temperature", 0.0), seed=p.get("seed"))
+            pool.submit(
+                chat, url, model, i, p["prompt"], max_tokens, temperature=p.get("temperature", 0.0), seed=p.get("seed")
+            )
             for i, p in enumerate(prompts)
-        ]  # fmt: skip
+        ]
         return [f.result() for f in futures]

@@ -104,8 +104,9 @@ def load_prompts(path: str | None, model: str | None = None) -> list[dict]:
                     raise ValueError(f"{path}:{n}: invalid JSON ({e})") from e
                 if "prompt" not in row:
                     raise ValueError(f"{path}:{n}: field 'prompt' is missing")
-                out.append({"kind": row.get("kind", "user"), "prompt": str(row["prompt"]),
-                            **_sampling(row, f"{path}:{n}")})  # fmt: skip
+                out.append(
+                    {"kind": row.get("kind", "user"), "prompt": str(row["prompt"]), **_sampling(row, f"{path}:{n}")}
+                )
             else:
                 out.append({"kind": "user", "prompt": line})
     if not out:

@@ -122,8 +122,10 @@ def plots(result: dict, out_dir: str) -> list[str]:
         p99 = [summary[n][str(c)].get("tpot_s_p99_median") for c in conc]
         left.plot(conc, [a or 0 for a in agg], marker="o", label=n)
         right.plot(conc, [1e3 * (p or 0) for p in p99], marker="o", label=n)
-    for ax, label, title in ((left, "output tok/s, all requests", "Throughput under load"),
-                             (right, "time per output token, p99 (ms)", "Slowest requests")):  # fmt: skip
+    for ax, label, title in (
+        (left, "output tok/s, all requests", "Throughput under load"),
+        (right, "time per output token, p99 (ms)", "Slowest requests"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(label)

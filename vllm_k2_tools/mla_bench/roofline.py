@@ -48,7 +48,16 @@ def stream_read(kv, block_table, context: int, programs_per_request: int, block_
     sink = torch.empty(batch * programs_per_request, dtype=torch.float32, device=kv.device)
     per = -(-context // programs_per_request)
     paged_stream_read[(programs_per_request, batch)](
-        kv, block_table, sink, kv.stride(0), kv.stride(1), block_table.stride(0), context, per,
-        PAGE=kv.shape[1], BLOCK_N=block_n, num_warps=num_warps,
-    )  # fmt: skip
+        kv,
+        block_table,
+        sink,
+        kv.stride(0),
+        kv.stride(1),
+        block_table.stride(0),
+        context,
+        per,
+        PAGE=kv.shape[1],
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
     return sink

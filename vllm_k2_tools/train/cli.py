@@ -126,11 +126,19 @@ def add_train_parser(sub) -> None:
     x.add_argument("--max-model-len", type=int, default=4096)
     x.add_argument("--tensor-parallel-size", type=int, default=1)
     x.add_argument("--dtype", default="auto")
-    x.add_argument("--spool-bytes", type=parse_bytes,
-                   help="stream: --out is a spool holding at most this many bytes of shards (e.g. '2 TB'); "
-                        "extraction waits while it is full and `train train --stream` drains it")  # fmt: skip
-    x.add_argument("--passes", type=int, default=1, help="with --spool-bytes: extract every sample this many times "
-                   "(one pass per training epoch: re-extract instead of keeping shards)")  # fmt: skip
+    x.add_argument(
+        "--spool-bytes",
+        type=parse_bytes,
+        help="stream: --out is a spool holding at most this many bytes of shards (e.g. '2 TB'); "
+        "extraction waits while it is full and `train train --stream` drains it",
+    )
+    x.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="with --spool-bytes: extract every sample this many times "
+        "(one pass per training epoch: re-extract instead of keeping shards)",
+    )
     x.add_argument("--poll-seconds", type=float, default=0.5, help="how often a full spool is checked")
     x.set_defaults(func=_extract)
 
@@ -153,11 +161,18 @@ def add_train_parser(sub) -> None:
         kind = {"int": int, "float": float, "str": str, "bool": parse_bool}
         typ = kind.get(str(f.type).replace("int | None", "int"), str)
         tr.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=f.default)
-    tr.add_argument("--draft-overrides", type=json.loads, default=None,
-                    help="JSON object of DraftConfig fields (a recipe's [train] draft = {...})")  # fmt: skip
-    tr.add_argument("--stream", action="store_true",
-                    help="--extracted is a spool `train extract --spool-bytes` fills: read shards as they arrive, "
-                         "delete each once no later step needs it (needs --shuffle-window >= 1)")  # fmt: skip
+    tr.add_argument(
+        "--draft-overrides",
+        type=json.loads,
+        default=None,
+        help="JSON object of DraftConfig fields (a recipe's [train] draft = {...})",
+    )
+    tr.add_argument(
+        "--stream",
+        action="store_true",
+        help="--extracted is a spool `train extract --spool-bytes` fills: read shards as they arrive, "
+        "delete each once no later step needs it (needs --shuffle-window >= 1)",
+    )
     tr.add_argument("--poll-seconds", type=float, default=1.0, help="with --stream: how often the spool is read")
     tr.set_defaults(func=_train)
 
@@ -173,8 +188,7 @@ def add_train_parser(sub) -> None:
     ev = ts.add_parser("eval", help="offline acceptance per position and tau(k), JSON + PNG")
     ev.add_argument("--draft", required=True, help="exported drafter")
     ev.add_argument("--target", required=True)
-    ev.add_argument("--extracted", required=True,
-                    help="`extract` output of held-out, target-generated chats")  # fmt: skip
+    ev.add_argument("--extracted", required=True, help="`extract` output of held-out, target-generated chats")
     ev.add_argument("--out", required=True)
     ev.add_argument("--k-max", type=int, default=5)
     ev.set_defaults(func=_eval)

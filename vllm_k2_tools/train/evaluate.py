@@ -73,8 +73,9 @@ def evaluate(export_dir: str, target: str, extract_dir: str, out_dir: str, k_max
     model = load_export(export_dir, target)
     lm_head = load_tensor(target, LM_HEAD).float()
     data = ShardReader(extract_dir)
-    per_sample = [accepted_runs(model, lm_head, data.sample(i), k_max) for i in
-                  tqdm(range(len(data)), desc="eval", unit="sample")]  # fmt: skip
+    per_sample = [
+        accepted_runs(model, lm_head, data.sample(i), k_max) for i in tqdm(range(len(data)), desc="eval", unit="sample")
+    ]
     runs = torch.cat([r[s] for r, s in per_sample])
     if runs.numel() == 0:
         raise ValueError(f"{extract_dir}: no assistant positions to evaluate")

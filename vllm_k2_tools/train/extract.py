@@ -104,8 +104,11 @@ def extract(
     if manifest["metadata"] not in (None, metadata):
         raise ValueError(f"{out_dir}/{shards.MANIFEST} was written with other settings: {manifest['metadata']}")
     manifest["metadata"] = metadata
-    plan = [(p, list(range(len(samples)))[i : i + batch_size]) for p in range(passes)
-            for i in range(0, len(samples), batch_size)]  # fmt: skip
+    plan = [
+        (p, list(range(len(samples)))[i : i + batch_size])
+        for p in range(passes)
+        for i in range(0, len(samples), batch_size)
+    ]
     todo = plan[len(manifest["shards"]) :]
     tokens_left = sum(len(samples[i]["input_ids"]) for _, idx in todo for i in idx)
     need = storage_bytes(tokens_left, hidden, len(layer_ids))

@@ -386,7 +386,7 @@ def plan(inp: PlanInputs, gpu: GPUSpec, cal: Calibration) -> dict:
                 "disk_bytes": spool_bytes,
                 "verdict": None,
                 "why_not": "target + trainer do not fit the GPUs together",
-            }  # fmt: skip
+            }
         ),
         "streaming_two_hosts": {"t": two_hosts, "disk_bytes": spool_bytes, "verdict": verdict(two_hosts)},
         "online": {"verdict": None, "why_not": "not implemented"},
@@ -426,7 +426,7 @@ def plan(inp: PlanInputs, gpu: GPUSpec, cal: Calibration) -> dict:
             "spool_bytes": spool_bytes,
             "t_extract": s_ext,
             "t_train": s_train,
-        },  # fmt: skip
+        },
         "modes": modes,
         "total_h": total_h,  # offline, the default mode
         "verdict": modes["offline"]["verdict"],
@@ -616,16 +616,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.extract_parallel,
         help="target layout during extraction: tensor parallel (all-reduces per layer) or pipeline stages",
     )
-    p.add_argument("--disk-write-gbps", type=_pos_float("--disk-write-gbps"), default=d.disk_write_gbps,
-                   help="ASSUMED write bandwidth of the shard storage, GB/s")  # fmt: skip
-    p.add_argument("--disk-read-gbps", type=_pos_float("--disk-read-gbps"), default=d.disk_read_gbps,
-                   help="ASSUMED read bandwidth of the shard storage, GB/s")  # fmt: skip
-    p.add_argument("--extract-batch", type=_pos_int("--extract-batch"), default=d.extract_batch,
-                   help="samples per shard (train extract --batch-size)")  # fmt: skip
-    p.add_argument("--shuffle-window", type=_pos_int("--shuffle-window"), default=d.shuffle_window,
-                   help="streaming: shards per shuffle window")  # fmt: skip
-    p.add_argument("--spool-gb", type=_pos_float("--spool-gb"), default=d.spool_gb,
-                   help="streaming: spool budget, GB (raised to the minimum the window needs)")  # fmt: skip
+    p.add_argument(
+        "--disk-write-gbps",
+        type=_pos_float("--disk-write-gbps"),
+        default=d.disk_write_gbps,
+        help="ASSUMED write bandwidth of the shard storage, GB/s",
+    )
+    p.add_argument(
+        "--disk-read-gbps",
+        type=_pos_float("--disk-read-gbps"),
+        default=d.disk_read_gbps,
+        help="ASSUMED read bandwidth of the shard storage, GB/s",
+    )
+    p.add_argument(
+        "--extract-batch",
+        type=_pos_int("--extract-batch"),
+        default=d.extract_batch,
+        help="samples per shard (train extract --batch-size)",
+    )
+    p.add_argument(
+        "--shuffle-window",
+        type=_pos_int("--shuffle-window"),
+        default=d.shuffle_window,
+        help="streaming: shards per shuffle window",
+    )
+    p.add_argument(
+        "--spool-gb",
+        type=_pos_float("--spool-gb"),
+        default=d.spool_gb,
+        help="streaming: spool budget, GB (raised to the minimum the window needs)",
+    )
     p.add_argument("--bf16-tflops", type=_pos_float("--bf16-tflops"), help="custom/override: bf16 dense TFLOP/s")
     p.add_argument("--mem-bw-tbs", type=_pos_float("--mem-bw-tbs"), help="custom/override: memory TB/s")
     p.add_argument("--mem-gb", type=_pos_float("--mem-gb"), help="custom/override: memory per GPU, GB")

@@ -101,8 +101,9 @@ def _complete(url: str, body: dict, retries: int, backoff: float) -> dict:
     raise AssertionError("unreachable")
 
 
-def regenerate(messages: list[dict], url: str, model: str, max_tokens: int, retries: int = 3,
-               backoff: float = 1.0) -> tuple[list[dict], bool]:  # fmt: skip
+def regenerate(
+    messages: list[dict], url: str, model: str, max_tokens: int, retries: int = 3, backoff: float = 1.0
+) -> tuple[list[dict], bool]:
     """Replace each assistant turn by the target's greedy answer to the turns before it.
     Returns the chat and whether an answer was cut at max_tokens (finish_reason "length")."""
     out: list[dict] = []
@@ -158,16 +159,19 @@ def chat_key(where: str, messages: list[dict]) -> str:
     return hashlib.sha256(json.dumps([where, messages], sort_keys=True).encode()).hexdigest()
 
 
-def regenerate_all(chats, url: str, max_tokens: int, concurrency: int, journal: Journal, retries: int = 3,
-                   backoff: float = 1.0) -> tuple[list, list[dict]]:  # fmt: skip
+def regenerate_all(
+    chats, url: str, max_tokens: int, concurrency: int, journal: Journal, retries: int = 3, backoff: float = 1.0
+) -> tuple[list, list[dict]]:
     """Regenerate every chat not already in the journal; per-chat failures are collected,
     not raised. Returns ([(where, messages, truncated)] in input order, failures)."""
     served = _served_model(url)
     todo = [(i, where, msgs) for i, (where, msgs) in enumerate(chats) if chat_key(where, msgs) not in journal.done]
     failures = []
     with ThreadPoolExecutor(concurrency) as pool:
-        futs = {pool.submit(regenerate, msgs, url, served, max_tokens, retries, backoff): (i, where, msgs)
-                for i, where, msgs in todo}  # fmt: skip
+        futs = {
+            pool.submit(regenerate, msgs, url, served, max_tokens, retries, backoff): (i, where, msgs)
+            for i, where, msgs in todo
+        }
         for fut in tqdm(as_completed(futs), total=len(futs), desc="regenerate", unit="chat"):
             i, where, msgs = futs[fut]
             try:

@@ -302,8 +302,23 @@ def torchrun_command(model: str, d: dict, tr: dict, draft: dict | None, nproc: i
     settings a single-process run gets (TrainConfig fields and the draft overrides); one
     process (nproc 1): that CLI alone."""
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
-    cmd = [sys.executable, *launcher, "-m", "vllm_k2_plugin.cli", "train", "train", "--target", model,
-           "--extracted", d["extract"], "--vocab", d["vocab"], "--out", d["train"], *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        *launcher,
+        "-m",
+        "vllm_k2_plugin.cli",
+        "train",
+        "train",
+        "--target",
+        model,
+        "--extracted",
+        d["extract"],
+        "--vocab",
+        d["vocab"],
+        "--out",
+        d["train"],
+        *extra,
+    ]
     for k, v in tr.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     if draft:
@@ -320,15 +335,38 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
     nproc, draft = int(tr.pop("nproc", 1)), tr.pop("draft", None)
     spool_dir = os.path.join(d["train"], "spool")
     poll = float(st.get("poll_seconds", 1.0))
-    produce = [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "extract", "--target", model,
-               "--prepared", d["prepare"], "--out", spool_dir, "--spool-bytes", str(st["spool_bytes"]),
-               "--passes", str(int(tr.get("epochs", 1))), "--poll-seconds", str(poll),
-               "--batch-size", str(x["batch_size"]), "--max-model-len", str(x["max_model_len"]),
-               "--tensor-parallel-size", str(x["tensor_parallel_size"]), "--dtype", x["dtype"]]  # fmt: skip
+    produce = [
+        sys.executable,
+        "-m",
+        "vllm_k2_plugin.cli",
+        "train",
+        "extract",
+        "--target",
+        model,
+        "--prepared",
+        d["prepare"],
+        "--out",
+        spool_dir,
+        "--spool-bytes",
+        str(st["spool_bytes"]),
+        "--passes",
+        str(int(tr.get("epochs", 1))),
+        "--poll-seconds",
+        str(poll),
+        "--batch-size",
+        str(x["batch_size"]),
+        "--max-model-len",
+        str(x["max_model_len"]),
+        "--tensor-parallel-size",
+        str(x["tensor_parallel_size"]),
+        "--dtype",
+        x["dtype"],
+    ]
     if x["layer_ids"]:
         produce += ["--layers", ",".join(str(i) for i in x["layer_ids"])]
-    consume = torchrun_command(model, {**d, "extract": spool_dir}, tr, draft, nproc,
-                               extra=["--stream", "--poll-seconds", str(poll)])  # fmt: skip
+    consume = torchrun_command(
+        model, {**d, "extract": spool_dir}, tr, draft, nproc, extra=["--stream", "--poll-seconds", str(poll)]
+    )
     os.makedirs(spool_dir, exist_ok=True)
     procs = {}
     try:

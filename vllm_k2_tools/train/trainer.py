@@ -287,8 +287,15 @@ def train(
             log.close()
     if feed:
         feed.drain()
-    summary = {"steps": total, "world_size": world, "global_batch": g, "samples": order.per_pass,
-               "shuffle_window": cfg.shuffle_window, "streaming": stream, "draft": dcfg.to_dict()}  # fmt: skip
+    summary = {
+        "steps": total,
+        "world_size": world,
+        "global_batch": g,
+        "samples": order.per_pass,
+        "shuffle_window": cfg.shuffle_window,
+        "streaming": stream,
+        "draft": dcfg.to_dict(),
+    }
     if rank == 0:
         fileio.write_json(os.path.join(out_dir, "train.json"), summary)
     return summary
