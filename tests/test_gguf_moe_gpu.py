@@ -7,29 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_k2_plugin.gguf_moe.ops import SUPPORTED
+
 pytestmark = [pytest.mark.gpu]
 
-TYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    "IQ4_NL",
-    "IQ4_XS",
-    "IQ2_XXS",
-    "IQ2_XS",
-    "IQ2_S",
-    "IQ3_XXS",
-    "IQ3_S",
-    "IQ1_S",
-    "IQ1_M",
-)
+#: every type the kernel takes (tests/test_gguf_moe_kernel.py pins that list by name)
+TYPES = SUPPORTED
 #: experts, hidden, per-expert intermediate, top-k: small, but rows of whole 256-weight blocks
 E_, H, N, TOP_K = 32, 512, 256, 8
 
