@@ -19,7 +19,8 @@ SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016; [ "$ENGINE$ROUTE" 
 [ "$ENGINE$ROUTE" = vllm016C ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
 [ "$ENGINE$ROUTE" = vllm016B ] && export E2E_ENGINE_ROUTE="route B: vLLM 0.16.0's Python and kernels (a subset, \
 built for torch 2.11), vLLM 0.20.0's FlashAttention"
-export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1  # $PWD: vllm_k2_tools (the tools distribution) beside the installed plugin
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DGPU_BACKENDS=TRITON_MLA,TRITON_ATTN  # the bundle's plugin: MLA layers TRITON_MLA, others TRITON_ATTN

@@ -1263,6 +1263,8 @@ def suite(name: str, models: Path) -> list[dict]:
             return [
                 {**w4a16, "name": "q12-w4a16-plain"},
                 {**w4a16, "name": "q12-w4a16-eagle3-k3", **own},
+                # the same with the guard on (it holds k = 3 in the case above): drafts never accepted
+                {**w4a16, "name": "q12-w4a16-eagle3-k3-guard", **own, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
                 {**bf16, "name": "q12-bf16-plain"},
                 {**bf16, "name": "q12-bf16-eagle3-k3", **own},
             ]
@@ -1617,6 +1619,10 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         # Inductor builds (the default) set the AOT function once and never pay this.
         env["VLLM_USE_AOT_COMPILE"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if case["task"] == "steps" and case.get("spec"):
+        # a step's cost at the case's k: the guard would turn k down (a dummy drafter's drafts are
+        # never accepted); a case may still set it
+        env["VLLM_K2_SPEC_GUARD"] = "0"
     env.update(case.get("env", {}))
     off = list(case.get("disable", []))
     if case["backend"] == "stock":

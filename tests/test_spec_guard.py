@@ -149,6 +149,60 @@ def test_runner_patch_probe_sees_the_patched_behaviour(module, attr, probe, wrap
         setattr(owner, attr, stock)
 
 
+@pytest.mark.parametrize("per_step_k", [True, False], ids=["vllm-has-per-step-k", "no-per-step-k"])
+def test_drafter_off_calls_the_drafter_with_its_own_signature(per_step_k, monkeypatch):
+    """At k = 0 the skipped drafter still hands the runner its next tokens: the call must match
+    the installed drafter's ``prepare_next_token_ids_padded`` whatever else the release has. The
+    signature changed without the per-step k (vLLM 0.20: new signature, no per-step k; a first
+    version chose by the per-step k and killed 0.20's engine core with a TypeError at the
+    guard's first k = 0 step). The drafter below has the real method's signature and binds every
+    call to it, as the real method would fail."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_k2_plugin.spec_guard import drafter_off
+
+    monkeypatch.setenv("VLLM_K2_ANY_MODEL", "1")
+    monkeypatch.setattr(drafter_off, "_per_step_k_in_vllm", lambda: per_step_k)
+    real = EagleProposer.prepare_next_token_ids_padded
+    calls, copies = [], []
+
+    def recording(self, *args, **kwargs):
+        inspect.signature(real).bind(self, *args, **kwargs)
+        calls.append(args)
+        return torch.tensor([5, 6]), torch.tensor([1, 1])
+
+    recording.__signature__ = inspect.signature(real)
+    drafter_class = type("Drafter", (EagleProposer,), {"prepare_next_token_ids_padded": recording})
+    drafter = drafter_class.__new__(drafter_class)
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.vllm_config = None
+    runner.speculative_config = SimpleNamespace(use_eagle=lambda: True, disable_padded_drafter_batch=False)
+    runner.drafter, runner.valid_sampled_token_count_event = drafter, object()
+    runner.requests, runner.input_batch = {}, None
+    runner.discard_request_mask = SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool))
+    runner.num_spec_tokens = 3
+    runner._copy_valid_sampled_token_count = lambda *a: copies.append(a)
+    step = SimpleNamespace(num_spec_tokens_to_schedule=0, scheduled_new_reqs=[], num_scheduled_tokens={"a": 1, "b": 1})
+    sampled = torch.tensor([[7], [8]])
+    stock = GPUModelRunner.propose_draft_token_ids
+    # the rest of the runner's own arguments, the step's attention metadata marked where it has one
+    metadata = object()
+    rest = [metadata if name == "common_attn_metadata" else None for name in list(inspect.signature(stock).parameters)[3:]]
+    drafts = drafter_off._wrap_propose(stock)(runner, step, sampled, *rest)
+    assert len(calls) == 1 and len(copies) == 1
+    first = calls[0][0]
+    if list(inspect.signature(real).parameters)[1] == "common_attn_metadata":
+        assert first is metadata
+    else:
+        assert first is sampled
+    assert drafts.shape[0] == 2 and not drafts.any()
+
+
 @pytest.fixture(scope="module")
 def guard_runs(trained_pair_random_drafter, tmp_path_factory):
     target, draft = trained_pair_random_drafter

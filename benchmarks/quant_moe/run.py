@@ -177,6 +177,8 @@ def launches(a) -> list[dict]:
         "block_n2": a.ours_block_n2,
         "num_warps1": a.ours_warps1,
         "num_warps2": a.ours_warps2,
+        "words": a.ours_words,
+        "word_block_m": a.ours_word_block_m,
     }
     out = [base]
     for spec in filter(None, (a.ours_sweep or "").split(";")):
@@ -257,6 +259,8 @@ def main() -> int:
     )
     ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
     ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")
+    ap.add_argument("--ours-words", type=int, default=1, help="our kernel: 1 = word-load kernels for K-quants")
+    ap.add_argument("--ours-word-block-m", type=int, default=2, help="our word kernels: tokens per pass")
     a = ap.parse_args()
     from vllm.platforms import current_platform
 

@@ -125,6 +125,8 @@ def fused_moe_gguf_grouped(
     num_warps1: int = 4,
     num_warps2: int = 4,
     num_stages: int | None = None,
+    words: bool = True,
+    word_block_m: int = 2,
 ) -> torch.Tensor:
     """[T, H] in x's dtype. x [T, H] bf16/fp16; w1 [E, 2N, bytes] uint8 (gate rows then up rows);
     w2 [E, H, bytes] uint8; topk_weights / topk_ids [T, top_k]; qtype1 / qtype2 the ggml types of
@@ -132,7 +134,9 @@ def fused_moe_gguf_grouped(
     sharing one gate/up row's blocks (at most; fp32 partials summed after: at one token 8 experts x
     16 row tiles alone leave most of a GPU idle); block_m: tokens per expert a program takes at
     once (more make another pass over the expert); num_stages: software-pipeline stages (default:
-    ``default_stages``)."""
+    ``default_stages``). words: a 256-weight K-quant projection (Q2_K ... Q6_K) runs the
+    word-load kernels of ``kernel_words`` (fp32 dot on the CUDA cores, ``word_block_m`` tokens
+    per pass) instead of the tensor-core ones."""
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"x: want [tokens, hidden] bf16 or fp16, got {tuple(x.shape)} {x.dtype}")
     if x.stride(1) != 1:
@@ -179,12 +183,15 @@ def fused_moe_gguf_grouped(
     if pairs == 0:
         return torch.zeros_like(x)
     from .kernel import down_kernel, gate_up_kernel
+    from .kernel_words import TYPE_IDS, down_words_kernel, gate_up_words_kernel, word_views
 
     # pairs sorted by expert (stable: a token's pairs keep their order); no host sync, so a CUDA
     # graph can hold the call
     sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
     weights = topk_weights.reshape(-1).contiguous()
-    steps = hidden // g1["QK"] // g1["STEP"]
+    words1 = words and id1 in TYPE_IDS and _word_aligned(w1, g1["BYTES"])
+    words2 = words and id2 in TYPE_IDS and _word_aligned(w2, g2["BYTES"])
+    steps = hidden // g1["QK"] // (1 if words1 else g1["STEP"])
     ksplit = max(1, min(ksplit1, steps))
     ksplit = triton.cdiv(steps, triton.cdiv(steps, ksplit))  # no split left without blocks
     if ksplit > 1:  # fp32 partial gate/up rows per split, summed below (deterministic: no atomics)
@@ -195,51 +202,110 @@ def fused_moe_gguf_grouped(
     p_pad = max(16, triton.next_power_of_2(pairs))
     dot_f32 = interpreting()  # the interpreter's bf16 dot is wrong (Triton 3.6): widen there only
     dev = str(x.device)
-    gate_up_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
-        x,
-        w1,
-        sorted_ids,
-        order,
-        act,
-        *type_tables(name1, dev),
-        pairs,
-        n,
-        hidden,
-        x.stride(0),
-        w1.stride(0),
-        w1.stride(1),
-        TOP_K=top_k,
-        P_PAD=p_pad,
-        **g1,
-        BLOCK_N=block_n1,
-        BLOCK_M=block_m,
-        DOT_F32=dot_f32,
-        KSPLIT=ksplit,
-        num_warps=num_warps1,
-        num_stages=num_stages or default_stages(name1),
-    )
+    if words1:
+        gate_up_words_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
+            x,
+            *word_views(w1),
+            sorted_ids,
+            order,
+            act,
+            pairs,
+            n,
+            hidden,
+            x.stride(0),
+            w1.stride(0),
+            w1.stride(1),
+            TOP_K=top_k,
+            P_PAD=p_pad,
+            TYPE=id1,
+            BYTES=g1["BYTES"],
+            BLOCK_N=block_n1,
+            BLOCK_M=word_block_m,
+            KSPLIT=ksplit,
+            num_warps=num_warps1,
+            num_stages=num_stages or 3,
+        )
+    else:
+        gate_up_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
+            x,
+            w1,
+            sorted_ids,
+            order,
+            act,
+            *type_tables(name1, dev),
+            pairs,
+            n,
+            hidden,
+            x.stride(0),
+            w1.stride(0),
+            w1.stride(1),
+            TOP_K=top_k,
+            P_PAD=p_pad,
+            **g1,
+            BLOCK_N=block_n1,
+            BLOCK_M=block_m,
+            DOT_F32=dot_f32,
+            KSPLIT=ksplit,
+            num_warps=num_warps1,
+            num_stages=num_stages or default_stages(name1),
+        )
     if ksplit > 1:
         gate_up = act.sum(dim=0)
         act = (torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]).to(x.dtype)
-    down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
-        act,
-        w2,
-        sorted_ids,
-        order,
-        weights,
-        y,
-        *type_tables(name2, dev),
-        pairs,
-        hidden,
-        n,
-        w2.stride(0),
-        w2.stride(1),
-        P_PAD=p_pad,
-        **g2,
-        BLOCK_N=block_n2,
-        BLOCK_M=block_m,
-        DOT_F32=dot_f32,
-        num_warps=num_warps2,
-        num_stages=num_stages or default_stages(name2),
-    )
+    if words2:
+        down_words_kernel[(pairs, triton.cdiv(hidden, block_n2))](
+            act,
+            *word_views(w2),
+            sorted_ids,
+            order,
+            weights,
+            y,
+            pairs,
+            hidden,
+            n,
+            w2.stride(0),
+            w2.stride(1),
+            P_PAD=p_pad,
+            TYPE=id2,
+            BYTES=g2["BYTES"],
+            BLOCK_N=block_n2,
+            BLOCK_M=word_block_m,
+            num_warps=num_warps2,
+            num_stages=num_stages or 3,
+        )
+    else:
+        down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
+            act,
+            w2,
+            sorted_ids,
+            order,
+            weights,
+            y,
+            *type_tables(name2, dev),
+            pairs,
+            hidden,
+            n,
+            w2.stride(0),
+            w2.stride(1),
+            P_PAD=p_pad,
+            **g2,
+            BLOCK_N=block_n2,
+            BLOCK_M=block_m,
+            DOT_F32=dot_f32,
+            num_warps=num_warps2,
+            num_stages=num_stages or default_stages(name2),
+        )
     return y.view(t, top_k, hidden).sum(dim=1).to(x.dtype)
+
+
+def _word_aligned(w: torch.Tensor, block_bytes: int) -> bool:
+    """The word kernels read a block's 16/32-bit words in place: the tensor must be contiguous
+    and every block start a multiple of the word size (4 bytes, or 2 where the block size is)."""
+    unit = 4 if block_bytes % 4 == 0 else 2
+    return (
+        w.is_contiguous()
+        and w.storage_offset() % unit == 0
+        and w.stride(0) % unit == 0
+        and w.stride(1) % unit == 0
+        and w.data_ptr() % unit == 0
+    )

@@ -44,6 +44,13 @@ def _per_step_k_in_vllm() -> bool:
     return "num_spec_tokens_to_schedule" in {f.name for f in dataclasses.fields(SchedulerOutput)}
 
 
+def _takes_attn_metadata_first(drafter) -> bool:
+    """Which of the two signatures of the drafter's ``prepare_next_token_ids_padded`` this vLLM
+    has (read from the method itself: the change did not come with the per-step k)."""
+    params = list(inspect.signature(drafter.prepare_next_token_ids_padded).parameters)
+    return bool(params) and params[0] == "common_attn_metadata"
+
+
 def _wrap_propose(original):
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         if not _skips_drafter(self, scheduler_output, sampled_token_ids):
@@ -55,14 +62,11 @@ def _wrap_propose(original):
         self._draft_probs = self._draft_prob_req_ids = None
         per_step_k = _per_step_k_in_vllm()
         if self.valid_sampled_token_count_event is not None:
-            state = (self.requests, self.input_batch, self.discard_request_mask.gpu)
-            if per_step_k:
-                next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(sampled_token_ids, *state)
-            else:  # 0.16's signature: the step's attention metadata first
+            state = (sampled_token_ids, self.requests, self.input_batch, self.discard_request_mask.gpu)
+            if _takes_attn_metadata_first(self.drafter):  # 0.16: the step's attention metadata first
                 metadata = inspect.signature(original).bind(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-                next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(
-                    metadata.arguments["common_attn_metadata"], sampled_token_ids, *state
-                )
+                state = (metadata.arguments["common_attn_metadata"], *state)
+            next_token_ids, valid_count = self.drafter.prepare_next_token_ids_padded(*state)
             self._copy_valid_sampled_token_count(next_token_ids, valid_count)
         rows = sampled_token_ids.shape[0]
         if per_step_k:
