@@ -6,6 +6,8 @@ blocks (gguf_moe.blocks) for w1 and w2, random routing with repeated experts, an
 output against: dequantize w1 / w2 with gguf.quants.dequantize to float32, then a per-token loop
 over its top-k in torch float32. The interpreter's bf16 dot is wrong (Triton 3.6), so interpreted
 runs widen the dot operands to fp32 (the launcher's DOT_F32); the bf16 dot itself runs on GPU only.
+The 256-weight K-quants run the word-load kernels (kernel_words: fp32 on the CUDA cores) unless a
+case turns them off ("-tc": the tensor-core kernels for those types).
 
 Tolerance: relative error of the output's norm < 1e-2 and every element within 2e-2 of the
 output's largest magnitude. The only roundings are x's bf16 values (shared by both sides) and the
@@ -66,6 +68,7 @@ CASES += [
     ("Q2_K+Q3_K", "Q2_K", "Q3_K", 8, 4),
     ("Q8_0-h96", "Q8_0", "Q4_0", 3, 2),
     ("Q4_1-t40", "Q4_1", "Q4_1", 40, 4),
+    ("Q4_K+Q3_K-tc", "Q4_K", "Q3_K", 3, 2),  # the K-quants through the tensor-core kernels (words off)
 ]  # ~20 tokens per expert: more than one 16-token pass
 
 
@@ -107,7 +110,9 @@ def run_case(i: int) -> str:
     x, w1, w2, weights, ids = make_case(t1, t2, tokens, top_k, hidden, seed=i + 1)
     # wide row tiles (gate/up: 4 tiles, down: 2): fewer interpreted programs, still several per expert;
     # the gate/up rows split over K (fp32 partials summed after) in every other case, whole in the rest
-    got = fused_moe_gguf_grouped(x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256, ksplit1=1 if i % 2 else 8)
+    got = fused_moe_gguf_grouped(
+        x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256, ksplit1=1 if i % 2 else 8, words=not name.endswith("-tc")
+    )
     ref = reference(x, w1, w2, weights, ids, t1, t2)
     if got.shape != ref.shape or got.dtype != x.dtype:
         return f"FAIL shape/dtype {tuple(got.shape)} {got.dtype}"

@@ -260,7 +260,7 @@ def main() -> int:
     ap.add_argument("--ours-warps1", type=int, default=4, help="our kernel: warps of the gate/up program")
     ap.add_argument("--ours-warps2", type=int, default=4, help="our kernel: warps of the down program")
     ap.add_argument("--ours-words", type=int, default=1, help="our kernel: 1 = word-load kernels for K-quants")
-    ap.add_argument("--ours-word-block-m", type=int, default=2, help="our word kernels: tokens per pass")
+    ap.add_argument("--ours-word-block-m", type=int, default=1, help="our word kernels: tokens per pass")
     a = ap.parse_args()
     from vllm.platforms import current_platform
 

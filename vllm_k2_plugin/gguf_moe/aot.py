@@ -18,7 +18,15 @@ HIDDEN, INTERMEDIATE, TOP_K = 7168, 256, 8
 #: the device's opt-in shared memory per block (B)
 SMEM_LIMITS = {120: 101_376, 90: 232_448}
 #: the launch ops.fused_moe_gguf_grouped uses by default
-DEFAULT_LAUNCH = {"block_n1": 32, "ksplit1": 8, "block_n2": 64, "block_m": 16, "num_warps1": 4, "num_warps2": 4}
+DEFAULT_LAUNCH = {
+    "block_n1": 32,
+    "ksplit1": 8,
+    "block_n2": 64,
+    "block_m": 16,
+    "num_warps1": 4,
+    "num_warps2": 4,
+    "word_block_m": 1,
+}
 
 
 def _signature(fn, pointers: dict[str, str], constexprs: dict) -> dict:
@@ -37,12 +45,15 @@ def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list
 
     from . import blocks, ops
     from .kernel import down_kernel, gate_up_kernel
+    from .kernel_words import TYPE_IDS
 
     launch = {**DEFAULT_LAUNCH, **(launch or {})}
     type_id = blocks.type_id(type_name)
     g1 = ops._geometry(type_id, type_name, HIDDEN, "w1", "a row")
     g2 = ops._geometry(type_id, type_name, INTERMEDIATE, "w2", "a row")
     p_pad = max(16, triton.next_power_of_2(tokens * TOP_K))
+    if type_id in TYPE_IDS:  # what ops launches for the 256-weight K-quants
+        return _word_sources(type_id, g1, p_pad, launch)
     steps = HIDDEN // g1["QK"] // g1["STEP"]
     ksplit = triton.cdiv(steps, triton.cdiv(steps, max(1, min(launch["ksplit1"], steps))))
     common = {"grid": "*fp32", "signs": "*u8", "kvalues": "*fp32", "w": "*u8", "sorted_ids": "*i32", "order": "*i64"}
@@ -68,6 +79,35 @@ def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list
         (
             "down",
             ASTSource(fn=down_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
+            {"num_warps": launch["num_warps2"], "num_stages": stages},
+        ),
+    ]
+
+
+def _word_sources(type_id: int, g1: dict, p_pad: int, launch: dict) -> list[tuple[str, object, dict]]:
+    import triton
+    from triton.compiler import ASTSource
+
+    from .kernel_words import down_words_kernel, gate_up_words_kernel
+
+    blocks_per_row = HIDDEN // 256
+    ksplit = triton.cdiv(blocks_per_row, triton.cdiv(blocks_per_row, max(1, min(launch["ksplit1"], blocks_per_row))))
+    common = {"b8": "*u8", "b16": "*i16", "b32": "*i32", "sorted_ids": "*i32", "order": "*i64"}
+    geometry = {"TYPE": type_id, "BYTES": g1["BYTES"], "BLOCK_M": launch["word_block_m"]}
+    c1 = {"TOP_K": TOP_K, "P_PAD": p_pad, **geometry, "BLOCK_N": launch["block_n1"], "KSPLIT": ksplit}
+    s1 = _signature(gate_up_words_kernel, {**common, "x": "*bf16", "act": "*fp32" if ksplit > 1 else "*bf16"}, c1)
+    c2 = {"P_PAD": p_pad, **geometry, "BLOCK_N": launch["block_n2"]}
+    s2 = _signature(down_words_kernel, {**common, "act": "*bf16", "topk_weights": "*fp32", "y": "*fp32"}, c2)
+    stages = launch.get("num_stages") or 3
+    return [
+        (
+            "gate_up",
+            ASTSource(fn=gate_up_words_kernel, signature=s1, constexprs=c1, attrs=_aligned(s1)),
+            {"num_warps": launch["num_warps1"], "num_stages": stages},
+        ),
+        (
+            "down",
+            ASTSource(fn=down_words_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
             {"num_warps": launch["num_warps2"], "num_stages": stages},
         ),
     ]
