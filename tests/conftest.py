@@ -89,6 +89,27 @@ def trained_pair_random_drafter(fixture_root) -> tuple[str, str]:
     return target, build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-guard"), target)
 
 
+@pytest.fixture(scope="session")
+def trained_pair_unaccepted_drafter(fixture_root, trained_pair_random_drafter) -> tuple[str, str]:
+    """The trained tiny target and a drafter whose drafts are never accepted: the pass-through
+    drafter above with its lm_head zeroed, so every draft is draft-vocabulary entry 0 = [BOS],
+    which the target never writes. (The pass-through drafter itself is accepted whenever the
+    target repeats a token, e.g. runs of indentation.)"""
+    from safetensors.torch import load_file, save_file
+
+    from vllm_k2_tools.fixtures import DRAFT_LAYOUTS, build_draft
+
+    target, _ = trained_pair_random_drafter
+    draft = build_draft(DRAFT_LAYOUTS[0], str(fixture_root / "draft-never-accepted"), target)
+    path = os.path.join(draft, "model.safetensors")
+    tensors = load_file(path)
+    if tensors["lm_head.weight"].any():
+        tensors["lm_head.weight"].zero_()
+        save_file(tensors, path + ".tmp", metadata={"format": "pt"})
+        os.replace(path + ".tmp", path)
+    return target, draft
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     """Environment for a process that starts a CPU vLLM engine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_K2_")}

@@ -111,7 +111,17 @@ def run_case(i: int) -> str:
     # wide row tiles (gate/up: 4 tiles, down: 2): fewer interpreted programs, still several per expert;
     # the gate/up rows split over K (fp32 partials summed after) in every other case, whole in the rest
     got = fused_moe_gguf_grouped(
-        x, w1, w2, weights, ids, t1, t2, block_n1=64, block_n2=256, ksplit1=1 if i % 2 else 8, words=not name.endswith("-tc")
+        x,
+        w1,
+        w2,
+        weights,
+        ids,
+        t1,
+        t2,
+        block_n1=64,
+        block_n2=256,
+        ksplit1=1 if i % 2 else 8,
+        words=not name.endswith("-tc"),
     )
     ref = reference(x, w1, w2, weights, ids, t1, t2)
     if got.shape != ref.shape or got.dtype != x.dtype:

@@ -1,5 +1,5 @@
 """The speculation guard: the controller on simulated steps (pure Python), and inside a
-real latest-CPU vLLM engine with a drafter whose drafts are (nearly) never accepted."""
+real latest-CPU vLLM engine with a drafter whose drafts are never accepted."""
 
 from __future__ import annotations
 
@@ -192,7 +192,9 @@ def test_drafter_off_calls_the_drafter_with_its_own_signature(per_step_k, monkey
     stock = GPUModelRunner.propose_draft_token_ids
     # the rest of the runner's own arguments, the step's attention metadata marked where it has one
     metadata = object()
-    rest = [metadata if name == "common_attn_metadata" else None for name in list(inspect.signature(stock).parameters)[3:]]
+    rest = [
+        metadata if name == "common_attn_metadata" else None for name in list(inspect.signature(stock).parameters)[3:]
+    ]
     drafts = drafter_off._wrap_propose(stock)(runner, step, sampled, *rest)
     assert len(calls) == 1 and len(copies) == 1
     first = calls[0][0]
@@ -204,8 +206,8 @@ def test_drafter_off_calls_the_drafter_with_its_own_signature(per_step_k, monkey
 
 
 @pytest.fixture(scope="module")
-def guard_runs(trained_pair_random_drafter, tmp_path_factory):
-    target, draft = trained_pair_random_drafter
+def guard_runs(trained_pair_unaccepted_drafter, tmp_path_factory):
+    target, draft = trained_pair_unaccepted_drafter
     runs = {}
     for name, flag in (("off", "0"), ("on", "1")):
         job = {

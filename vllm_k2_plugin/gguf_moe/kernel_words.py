@@ -247,4 +247,3 @@ def word_views(w):
     w16 = flat.view(torch.int16)
     w32 = flat.view(torch.int32) if flat.numel() % 4 == 0 and w.storage_offset() % 4 == 0 else w16
     return flat, w16, w32
-
