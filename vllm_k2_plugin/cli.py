@@ -91,6 +91,16 @@ def _eagle3_check(args: argparse.Namespace) -> int:
         print(f"FAIL {e}", file=sys.stderr)
         return 1
     out = {k: v for k, v in vars(summary).items() if k != "weights"}
+    if summary.layout == "mla":  # MLA drafters: only vLLM releases with their class can serve them
+        try:
+            from .models.eagle3_preflight import check_drafter_class
+
+            check_drafter_class(args.draft)
+        except DraftCheckError as e:
+            print(f"FAIL {e}", file=sys.stderr)
+            return 1
+        except ImportError:  # no vLLM in this environment: the check runs again when vLLM starts
+            out["vllm_class"] = "not checked (vLLM is not installed here)"
     if args.engine_config:
         from .models.eagle3_engine_check import engine_config_check
 

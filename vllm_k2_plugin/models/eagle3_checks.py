@@ -19,6 +19,10 @@ from ..hf_config import text_config
 #: EAGLE-3 in vLLM combines exactly three target states (0.16 hard-codes it).
 NUM_AUX = 3
 
+#: Drafters whose layer has DeepSeek MLA attention (lightseekorg/kimi-k2.5-eagle3-mla and its
+#: K2.6 / K2.7 successors); vLLM builds them with its own class from 0.18 on (vLLM PR #36361).
+MLA_ARCHS = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+
 
 class DraftCheckError(ValueError):
     """A drafter that would load garbled or crash later. Names file + field/tensor."""
@@ -59,6 +63,7 @@ class DraftSummary:
     target_hidden_from: str  # "config" or "target"
     aux_layer_ids: tuple[int, ...] | None  # None: the target's default
     aux_ids_from: str
+    architecture: str | None = None  # config.json's architectures[0] (None: a speculators config)
     weights: list[str] = field(default_factory=list)
 
 
@@ -136,7 +141,7 @@ def summarize(draft_dir: str, target: TargetShape) -> DraftSummary:
                 "SpecForge ids are vLLM ids - 1)"
             )
     return DraftSummary(
-        layout="speculators" if speculators else ("legacy" if "eagle_config" in cfg else "flat"),
+        layout=draft_layout(cfg),
         hidden_size=hidden,
         vocab_size=vocab,
         draft_vocab_size=draft_vocab,
@@ -144,7 +149,22 @@ def summarize(draft_dir: str, target: TargetShape) -> DraftSummary:
         target_hidden_from="config" if th else "target",
         aux_layer_ids=ids,
         aux_ids_from=src,
+        architecture=architecture(cfg),
     )
+
+
+def architecture(cfg: dict) -> str | None:
+    archs = cfg.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+def draft_layout(cfg: dict) -> str:
+    """speculators / mla (DeepSeek MLA attention) / legacy (SpecForge, nested eagle_config) / flat."""
+    if "speculators_config" in cfg and "model_type" not in cfg:
+        return "speculators"
+    if architecture(cfg) in MLA_ARCHS:
+        return "mla"
+    return "legacy" if "eagle_config" in cfg else "flat"
 
 
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"

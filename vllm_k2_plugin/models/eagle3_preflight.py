@@ -19,7 +19,7 @@ import os
 
 from vllm_k2_plugin.patching import REGISTRY, PatchContext
 
-from .eagle3_checks import DraftCheckError, TargetShape, check_draft
+from .eagle3_checks import MLA_ARCHS, DraftCheckError, TargetShape, architecture, check_draft, read_draft_config
 
 
 def _draft_dir(spec) -> str | None:
@@ -64,11 +64,34 @@ def preflight(spec, target_model_config, load_format: str | None = None) -> None
         hf.eagle_aux_hidden_state_layer_ids = list(summary.aux_layer_ids)
 
 
+def vllm_builds(arch: str) -> bool:
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    return arch in ModelRegistry.get_supported_archs()
+
+
+def check_drafter_class(draft_dir: str) -> None:
+    """An MLA drafter on a vLLM without a class for it: say so, naming the field, instead of
+    vLLM's list of every architecture it supports."""
+    cfg, where = read_draft_config(draft_dir)
+    arch = architecture(cfg)
+    if arch in MLA_ARCHS and not vllm_builds(arch):
+        from vllm import __version__
+
+        raise DraftCheckError(
+            f"{where}: field 'architectures' is ['{arch}'], an EAGLE-3 drafter with MLA attention; "
+            f"vLLM {__version__} has no class for it (vLLM builds it from 0.18 on). On this vLLM, "
+            "serve a Llama-style EAGLE-3 drafter (e.g. lightseekorg/kimi-k2.5-eagle3, "
+            "AQ-MedAI/Kimi-K25-eagle3) or one trained with `vllm-k2 train`."
+        )
+
+
 def _wrap(original):
     def create_speculative_config(self, target_model_config, target_parallel_config, *args, **kwargs):
         asked = self.speculative_config if isinstance(self.speculative_config, dict) else {}
         if asked.get("method") == "eagle3" and isinstance(asked.get("model"), str):
-            resolve_draft(asked["model"], asked.get("revision"))  # before vLLM's own, less clear, error
+            # before vLLM's own, less clear, errors
+            check_drafter_class(resolve_draft(asked["model"], asked.get("revision")))
         spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
         preflight(spec, target_model_config, getattr(self, "load_format", None))
         return spec
