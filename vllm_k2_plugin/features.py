@@ -11,6 +11,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.cpu.rope_inplace",
     "vllm_k2_plugin.cpu.kernel_rebind",
     "vllm_k2_plugin.cpu.seeded_sampling",
+    "vllm_k2_plugin.cpu.rejection_expand",
     "vllm_k2_plugin.models.eagle3_target",
     "vllm_k2_plugin.models.eagle3_allowlist",
     "vllm_k2_plugin.models.eagle3_preflight",
