@@ -41,7 +41,6 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict) -> dict:
 def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list[tuple[str, object, dict]]:
     """(kernel, Triton ASTSource, compile options) of both kernels for ``tokens`` tokens of one type."""
     import triton
-    from triton.compiler import ASTSource
 
     from . import blocks, ops
     from .kernel import down_kernel, gate_up_kernel
@@ -56,7 +55,14 @@ def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list
         return _word_sources(type_id, g1, p_pad, launch)
     steps = HIDDEN // g1["QK"] // g1["STEP"]
     ksplit = triton.cdiv(steps, triton.cdiv(steps, max(1, min(launch["ksplit1"], steps))))
-    common = {"grid": "*fp32", "signs": "*u8", "kvalues": "*fp32", "w": "*u8", "sorted_ids": "*i32", "order": "*i64"}
+    common = {
+        "grid_table": "*fp32",
+        "signs": "*u8",
+        "kvalues": "*fp32",
+        "w": "*u8",
+        "sorted_ids": "*i32",
+        "order": "*i64",
+    }
     c1 = {
         "TOP_K": TOP_K,
         "P_PAD": p_pad,
@@ -70,23 +76,22 @@ def sources(type_name: str, tokens: int = 1, launch: dict | None = None) -> list
     c2 = {"P_PAD": p_pad, **g2, "BLOCK_N": launch["block_n2"], "BLOCK_M": launch["block_m"], "DOT_F32": False}
     s2 = _signature(down_kernel, {**common, "act": "*bf16", "topk_weights": "*fp32", "y": "*fp32"}, c2)
     stages = launch.get("num_stages") or ops.default_stages(type_name)
-    return [
-        (
-            "gate_up",
-            ASTSource(fn=gate_up_kernel, signature=s1, constexprs=c1, attrs=_aligned(s1)),
-            {"num_warps": launch["num_warps1"], "num_stages": stages},
-        ),
-        (
-            "down",
-            ASTSource(fn=down_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
-            {"num_warps": launch["num_warps2"], "num_stages": stages},
-        ),
-    ]
+    return _pair((gate_up_kernel, s1, c1), (down_kernel, s2, c2), launch, stages)
+
+
+def _pair(gate_up: tuple, down: tuple, launch: dict, stages: int) -> list[tuple[str, object, dict]]:
+    """(name, ASTSource, options) of a gate/up and a down kernel: each (kernel, signature, constexprs)."""
+    from triton.compiler import ASTSource
+
+    out = []
+    for name, (fn, sig, consts), warps in (("gate_up", gate_up, "num_warps1"), ("down", down, "num_warps2")):
+        source = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(sig))
+        out.append((name, source, {"num_warps": launch[warps], "num_stages": stages}))
+    return out
 
 
 def _word_sources(type_id: int, g1: dict, p_pad: int, launch: dict) -> list[tuple[str, object, dict]]:
     import triton
-    from triton.compiler import ASTSource
 
     from .kernel_words import down_words_kernel, gate_up_words_kernel
 
@@ -98,19 +103,7 @@ def _word_sources(type_id: int, g1: dict, p_pad: int, launch: dict) -> list[tupl
     s1 = _signature(gate_up_words_kernel, {**common, "x": "*bf16", "act": "*fp32" if ksplit > 1 else "*bf16"}, c1)
     c2 = {"P_PAD": p_pad, **geometry, "BLOCK_N": launch["block_n2"]}
     s2 = _signature(down_words_kernel, {**common, "act": "*bf16", "topk_weights": "*fp32", "y": "*fp32"}, c2)
-    stages = launch.get("num_stages") or 3
-    return [
-        (
-            "gate_up",
-            ASTSource(fn=gate_up_words_kernel, signature=s1, constexprs=c1, attrs=_aligned(s1)),
-            {"num_warps": launch["num_warps1"], "num_stages": stages},
-        ),
-        (
-            "down",
-            ASTSource(fn=down_words_kernel, signature=s2, constexprs=c2, attrs=_aligned(s2)),
-            {"num_warps": launch["num_warps2"], "num_stages": stages},
-        ),
-    ]
+    return _pair((gate_up_words_kernel, s1, c1), (down_words_kernel, s2, c2), launch, launch.get("num_stages") or 3)
 
 
 def _aligned(sig: dict) -> dict:

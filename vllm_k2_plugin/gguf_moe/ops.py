@@ -203,97 +203,87 @@ def fused_moe_gguf_grouped(
     p_pad = max(16, triton.next_power_of_2(pairs))
     dot_f32 = interpreting()  # the interpreter's bf16 dot is wrong (Triton 3.6): widen there only
     dev = str(x.device)
+    # arguments both kernel families of a projection take, by name
+    route = {"sorted_ids": sorted_ids, "order": order, "P": pairs, "P_PAD": p_pad}
+    up1 = {
+        **route,
+        "x": x,
+        "act": act,
+        "N": n,
+        "K": hidden,
+        "stride_x": x.stride(0),
+        "stride_we": w1.stride(0),
+        "stride_wn": w1.stride(1),
+        "TOP_K": top_k,
+        "BLOCK_N": block_n1,
+        "KSPLIT": ksplit,
+        "num_warps": num_warps1,
+    }
+    grid1 = (pairs, triton.cdiv(n, block_n1), ksplit)
     if words1:
-        gate_up_words_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
-            x,
-            *word_views(w1),
-            sorted_ids,
-            order,
-            act,
-            pairs,
-            n,
-            hidden,
-            x.stride(0),
-            w1.stride(0),
-            w1.stride(1),
-            TOP_K=top_k,
-            P_PAD=p_pad,
+        b8, b16, b32 = word_views(w1)
+        gate_up_words_kernel[grid1](
+            **up1,
+            b8=b8,
+            b16=b16,
+            b32=b32,
             TYPE=id1,
             BYTES=g1["BYTES"],
-            BLOCK_N=block_n1,
             BLOCK_M=word_block_m,
-            KSPLIT=ksplit,
-            num_warps=num_warps1,
             num_stages=num_stages or 3,
         )
     else:
-        gate_up_kernel[(pairs, triton.cdiv(n, block_n1), ksplit)](
-            x,
-            w1,
-            sorted_ids,
-            order,
-            act,
-            *type_tables(name1, dev),
-            pairs,
-            n,
-            hidden,
-            x.stride(0),
-            w1.stride(0),
-            w1.stride(1),
-            TOP_K=top_k,
-            P_PAD=p_pad,
+        grid_table, signs, kvalues = type_tables(name1, dev)
+        gate_up_kernel[grid1](
+            **up1,
+            w=w1,
+            grid_table=grid_table,
+            signs=signs,
+            kvalues=kvalues,
             **g1,
-            BLOCK_N=block_n1,
             BLOCK_M=block_m,
             DOT_F32=dot_f32,
-            KSPLIT=ksplit,
-            num_warps=num_warps1,
             num_stages=num_stages or default_stages(name1),
         )
     if ksplit > 1:
         gate_up = act.sum(dim=0)
         act = (torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]).to(x.dtype)
+    down = {
+        **route,
+        "act": act,
+        "topk_weights": weights,
+        "y": y,
+        "H": hidden,
+        "N": n,
+        "stride_we": w2.stride(0),
+        "stride_wn": w2.stride(1),
+        "BLOCK_N": block_n2,
+        "num_warps": num_warps2,
+    }
+    grid2 = (pairs, triton.cdiv(hidden, block_n2))
     if words2:
-        down_words_kernel[(pairs, triton.cdiv(hidden, block_n2))](
-            act,
-            *word_views(w2),
-            sorted_ids,
-            order,
-            weights,
-            y,
-            pairs,
-            hidden,
-            n,
-            w2.stride(0),
-            w2.stride(1),
-            P_PAD=p_pad,
+        b8, b16, b32 = word_views(w2)
+        down_words_kernel[grid2](
+            **down,
+            b8=b8,
+            b16=b16,
+            b32=b32,
             TYPE=id2,
             BYTES=g2["BYTES"],
-            BLOCK_N=block_n2,
             BLOCK_M=word_block_m,
-            num_warps=num_warps2,
             num_stages=num_stages or 3,
         )
     else:
-        down_kernel[(pairs, triton.cdiv(hidden, block_n2))](
-            act,
-            w2,
-            sorted_ids,
-            order,
-            weights,
-            y,
-            *type_tables(name2, dev),
-            pairs,
-            hidden,
-            n,
-            w2.stride(0),
-            w2.stride(1),
-            P_PAD=p_pad,
+        grid_table, signs, kvalues = type_tables(name2, dev)
+        down_kernel[grid2](
+            **down,
+            w=w2,
+            grid_table=grid_table,
+            signs=signs,
+            kvalues=kvalues,
             **g2,
-            BLOCK_N=block_n2,
             BLOCK_M=block_m,
             DOT_F32=dot_f32,
-            num_warps=num_warps2,
             num_stages=num_stages or default_stages(name2),
         )
     return y.view(t, top_k, hidden).sum(dim=1).to(x.dtype)
