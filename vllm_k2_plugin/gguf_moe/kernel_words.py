@@ -9,8 +9,9 @@ each touched expert's rows streamed once for all its tokens), built for few toke
   permutation of the activations;
 * the dot runs on the CUDA cores in fp32 (broadcast multiply, sum over K): with one or two tokens
   per expert a tensor-core tile would be mostly padding and costs a shared-memory round trip per
-  group, which the first kernel measured as its bottleneck (PTX: 192 byte loads and 68 barriers
-  per step of its Q4_K gate/up loop).
+  group (the tensor-core kernel's PTX has 192 byte loads and 68 barriers per step of its Q4_K
+  gate/up loop; that these cost most is a hypothesis: the H100 timed this kernel 1.2-1.9x faster,
+  nothing profiled where).
 
 Values are exact (small integers times fp16 scales, in fp32); the only rounding besides fp32
 accumulation is the SiLU-and-mul output stored in the activation dtype, as vLLM's kernel does.

@@ -136,8 +136,9 @@ def fused_moe_gguf_grouped(
     once (more make another pass over the expert); num_stages: software-pipeline stages (default:
     ``default_stages``). words: a 256-weight K-quant projection (Q2_K ... Q6_K) runs the
     word-load kernels of ``kernel_words`` (fp32 dot on the CUDA cores, ``word_block_m`` tokens
-    per pass: 1 measured fastest at 1-16 tokens on an H100, 2 up to 6.7x slower at 32-row tiles)
-    instead of the tensor-core ones (measured 1.2-1.6x slower than the word kernels there)."""
+    per pass: 1 measured fastest at 1-16 tokens on an H100, 2 up to 7x slower at 32-row tiles)
+    instead of the tensor-core ones (measured 1.2-1.9x slower than the word kernels there; Q4_K
+    and Q2_K/Q3_K experts, benchmarks/results/quant_moe/h100_vllm020_ours_v3_words.json)."""
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"x: want [tokens, hidden] bf16 or fp16, got {tuple(x.shape)} {x.dtype}")
     if x.stride(1) != 1:
