@@ -46,6 +46,7 @@ CUDAGRAPH_LOG = (
     "draft step",
     "EAGLE drafter attention",
     "grouped GGUF MoE",
+    "speculation guard",
 )
 
 # --------------------------------------------------------------------------- models
@@ -226,6 +227,13 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
     random.Random(0).shuffle(chats)
     prompts = [tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False) for chat in chats[:12]]
     fileio.write_json(str(dest / "prompts.json"), prompts)
+    # the load suites' requests: 64 other held-out chats, every other one sampled with its own seed
+    load = [
+        {"prompt": tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False)}
+        | ({"temperature": 0.8, "seed": 1000 + i} if i % 2 else {})
+        for i, chat in enumerate(chats[12:76])
+    ]
+    fileio.write_json(str(dest / "load_prompts.json"), load)
     if trained_draft is not None:  # the training pipeline's export (its weights and config)
         shutil.copytree(trained_draft, dest / "draft", dirs_exist_ok=True)
 
@@ -418,7 +426,7 @@ def run_case(case: dict) -> dict:
         max_model_len=case["max_model_len"],
         enforce_eager=not case["graphs"],
         compilation_config={"backend": "eager"} if case["graphs"] else None,
-        max_num_seqs=4,
+        max_num_seqs=case.get("max_num_seqs", 4),
         gpu_memory_utilization=case["gpu_memory_utilization"],
         kv_cache_memory_bytes=case["kv_cache_bytes"],
         speculative_config=speculative_config,
@@ -479,6 +487,17 @@ def run_case(case: dict) -> dict:
             }
             result["spec"] = best[1]
             result["counters_single_stream"] = llm.collective_rpc(_read_counters, args=(True,))[0]
+        elif case["task"] == "load":  # a serving load, concurrency by concurrency (engine_load.py)
+            from benchmarks.engine_load import run_load
+
+            prompts = json.loads(Path(case["load_prompts"]).read_text())
+            # warm-up: every batch size once (the draft-step graphs are captured at a size's first
+            # use, and each capture stalls the engine: the first GPU load run measured them inside)
+            for n in range(1, case["max_num_seqs"] + 1):
+                llm.generate([p["prompt"] for p in prompts[:n]], sp(8), use_tqdm=False)
+            result["load"] = [
+                run_load(llm, prompts[: case["requests"][str(c)]], c, case["max_tokens"]) for c in case["concurrency"]
+            ]
         elif case["task"] == "steps":
             rng = random.Random(0)
             vocab = case["vocab"]
@@ -770,6 +789,57 @@ GREEDY_PAIRS = [
 ]
 
 
+def _device(runs: dict) -> str:
+    """The GPU the cases ran on (H100 / H200), as our MLA self-check logged it; results from before
+    the lender handed out H100s too carry no such line: the H200."""
+    import re
+
+    names = {
+        m.group(1)
+        for r in runs.values()
+        for ln in r.get("log_lines", [])
+        if (m := re.search(r"self-check passed on \D*(H\d00)", ln))
+    }
+    return " / ".join(sorted(names)) or "H200"
+
+
+def _quant_section(runs: dict, summary: dict) -> list[str]:
+    """Suite ``quant``: per expert format, the 12-layer slice's step, plain vs EAGLE-3 k = 3."""
+    q = {n: r for n, r in runs.items() if n.startswith("q12-") and "contexts" in r}
+    if not q:
+        return []
+    ctxs = sorted({int(c) for r in q.values() for c in r["contexts"]})
+    head = " | ".join(f"{c // 1024}k" for c in ctxs)
+    step = {n: {int(c): v["step_ms"] for c, v in r["contexts"].items()} for n, r in q.items()}
+    L = [
+        "## Quantized experts: the 12-layer K2.5 slice, plain vs EAGLE-3 k = 3 (suite `quant`)",
+        "",
+        "Dummy weights; the routers redrawn so tokens spread over the experts as a trained router's do "
+        "(distinct experts of 4 tokens in the table's last column, estimated from layer 1's router); "
+        "the TP-8 share of K2.5's drafter with its own head, no draft accepted (tokens/step 1.0). "
+        "Step in ms = (t(129 tokens) - t(1 token)) / steps, median of 5 interleaved rounds.",
+        "",
+        f"| case | {head} | distinct experts, 4 tokens |",
+        "|---|" + "---:|" * len(ctxs) + "---:|",
+    ]
+    for n in sorted(q):
+        ex = q[n].get("experts_spread_router") or {}
+        L.append(
+            f"| {n} | "
+            + " | ".join(str(step[n].get(c, "-")) for c in ctxs)
+            + f" | {ex.get('mean_distinct_experts', '-')} |"
+        )
+    L += ["", f"| t_spec(3) / t_plain | {head} |", "|---|" + "---:|" * len(ctxs)]
+    summary["quant_spec_over_plain"] = {}
+    for fmt in sorted({n.split("-")[1] for n in q}):
+        num, den = step.get(f"q12-{fmt}-eagle3-k3"), step.get(f"q12-{fmt}-plain")
+        if num and den:
+            vals = {c: round(num[c] / den[c], 3) for c in ctxs if c in num and c in den}
+            summary["quant_spec_over_plain"][fmt] = vals
+            L.append(f"| {fmt} experts | " + " | ".join(str(vals.get(c, "-")) for c in ctxs) + " |")
+    return L + [""]
+
+
 def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, command: str = "") -> dict:
     """Tables from the cases' raw JSON (written by ``case``) into out/README.md + summary.json."""
     runs = {}
@@ -781,7 +851,8 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
         runs[r["case"]["name"]] = r
     dates = sorted(r["date"] for r in runs.values())
     L = [
-        "# vLLM 0.20 GPU engine on the H200: our MLA backend and EAGLE-3",
+        f"# vLLM {'.'.join(sorted({r.get('vllm', '0.20') for r in runs.values()})[-1].split('.')[:2])} GPU engine on the "
+        f"{_device(runs)}: our MLA backend and EAGLE-3",
         "",
         f"Written by `python benchmarks/gpu_engine_e2e.py report` from `raw/` (one file per case, written by "
         f"the case that measured it, command and date inside; cases ran {dates[0]} .. {dates[-1]}). "
@@ -939,6 +1010,7 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
                 ),
                 "",
             ]
+    L += _quant_section(runs, summary)
     prof = {n: r["profile"] for n, r in runs.items() if "profile" in r}
     if prof:
         summary["profile"] = prof
@@ -1164,6 +1236,8 @@ def suite(name: str, models: Path) -> list[dict]:
         ]  # vLLM's own pick is not run: the bundle has no FLASH_ATTN kernels for the drafter (its log line names it)
     if name in ("v16tiny", "v16deep", "v16prof"):  # vLLM 0.16 (route C): every GPU patch vs stock 0.16
         return _v16_suite(name, models, tiny)
+    if name in ("load", "v16load"):
+        return load_suite(name, models, tiny)
     if name in (
         "dgtiny",
         "dgslice",
@@ -1430,6 +1504,59 @@ def suite(name: str, models: Path) -> list[dict]:
     )
 
 
+#: the load suites: requests served at each concurrency (the first N of the load prompts)
+LOAD_REQUESTS = {"1": 16, "4": 32, "16": 64, "64": 64}
+NEVER_ACCEPTED = "draft-never-accepted"
+
+
+def load_suite(name: str, models: Path, tiny: dict) -> list[dict]:
+    """Speculation under a serving load (issue 47): the trained tiny pair with 16 requests in a
+    batch at most, 512-token chunked prefills, prefix caching and a KV cache small enough that
+    16 in flight preempt; half the requests sampled. Plain, EAGLE-3 k = 3 with and without the
+    speculation guard, and the guard with a drafter whose drafts are never accepted."""
+    prefix = "v16-load" if name == "v16load" else "load"
+    base = {
+        **tiny,
+        "task": "load",
+        "graphs": True,
+        "backend": "ours",
+        "max_model_len": 1024,
+        "max_num_seqs": 16,
+        "kv_cache_bytes": 24 << 20,
+        "llm_kwargs": {"max_num_batched_tokens": 512, "enable_chunked_prefill": True},
+        "load_prompts": str(models / "load_prompts.json"),
+        "concurrency": [int(c) for c in LOAD_REQUESTS],
+        "requests": LOAD_REQUESTS,
+        "max_tokens": 128,
+    }
+    e3 = lambda model: {"spec": {"method": "eagle3", "model": str(model), "k": 3}, "draft_graph": True}  # noqa: E731
+    trained, never = e3(BENCH_DRAFTER), e3(models / NEVER_ACCEPTED)
+    return [
+        {**base, "name": f"{prefix}-plain"},
+        {**base, "name": f"{prefix}-eagle3-k3", **trained, "env": {"VLLM_K2_SPEC_GUARD": "0"}},
+        {**base, "name": f"{prefix}-eagle3-k3-guard", **trained, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
+        {**base, "name": f"{prefix}-eagle3-k3-never", **never, "env": {"VLLM_K2_SPEC_GUARD": "0"}},
+        {**base, "name": f"{prefix}-eagle3-k3-never-guard", **never, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
+    ]
+
+
+def write_never_accepted_drafter(dest: Path) -> None:
+    """The committed trained drafter with its lm_head zeroed: every draft is draft-vocabulary
+    entry 0, which d2t maps to target token 0 ([BOS]), a token the target never writes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(BENCH_DRAFTER, dest, dirs_exist_ok=True)
+    path = dest / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["lm_head.weight"].zero_()
+    if int(tensors["d2t"][0]) != 0:
+        raise ValueError(f"{BENCH_DRAFTER}/model.safetensors: d2t[0] must be 0 (draft entry 0 = target [BOS])")
+    save_file(tensors, str(path) + ".tmp", metadata={"format": "pt"})
+    os.replace(str(path) + ".tmp", path)
+
+
 def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
     """vLLM 0.16 on the H200: the trained tiny pair (greedy, graphs, self-check fallback, EAGLE-3
     through 0.16's proposer with and without the draft-step graph) and the 24-layer slice with the
@@ -1656,10 +1783,12 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
     from vllm_k2_tools.procs import start_group
 
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny"):
+    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny", "load", "v16load"):
         from vllm_k2_tools.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))
+    if name in ("load", "v16load"):
+        write_never_accepted_drafter(models / NEVER_ACCEPTED)
     if name == "gguf":
         write_gguf_pair(models / "target", models / "gguf")
     cases = [c for c in suite(name, models) if not only or c["name"] in only]

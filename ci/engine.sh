@@ -125,7 +125,10 @@ fi
 
 # The plugin itself: editable, so the entry point always points at this checkout; its tools
 # (training, benchmarks, tiny models: tools/setup.py) beside it, as the tests and the demo use both.
-# Re-done each call (cheap, no deps) because CI runs from a fresh clone elsewhere.
+# Re-done each call (cheap, no deps) because CI runs from a fresh clone elsewhere. One venv at a
+# time: the editable build writes its metadata into the checkout.
+exec 8>"$CACHE/.lock-editable"
+flock 8
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
   -e "$REPO" -e "$REPO/tools" >&2
 echo "$VENV"

@@ -37,17 +37,25 @@ fi
 # --- engines (cached builds) ----------------------------------------------------------
 declare -A VENV
 t0=$(date +%s)
+# Built side by side: a cold build is mostly waiting on downloads (each engine has its own lock).
+BUILDS=$(mktemp -d -t vllm-k2-builds-XXXX)
 for engine in $ENGINES; do
   # the 0.34 venv serves only the import tier
   [[ "$engine" == vllm034 ]] && ! has "$TIERS" import && continue
-  t1=$(date +%s)
-  venv=$(bash ci/engine.sh "$engine") || { echo "engine $engine failed to build" >&2; exit 1; }
+  { bash ci/engine.sh "$engine" > "$BUILDS/$engine.venv"; echo $? > "$BUILDS/$engine.rc"; } &
+done
+wait
+for engine in $ENGINES; do
+  [[ -f "$BUILDS/$engine.rc" ]] || continue
+  [[ $(cat "$BUILDS/$engine.rc") == 0 ]] || { echo "engine $engine failed to build" >&2; exit 1; }
+  venv=$(tail -1 "$BUILDS/$engine.venv")
   VENV[$engine]=$venv
   [[ "$engine" == vllm016 ]] && export VLLM_K2_VENV_VLLM016="$venv"
   version=$("$venv/bin/python" -c 'from vllm_k2_plugin.patching.versions import vllm_version_string as v; print(v())')
-  echo "=== engine $engine ($version) ready in $(( $(date +%s) - t1 )) s" \
+  echo "=== engine $engine ($version) ready" \
        "(venv built in $(cat "$venv/.install-seconds" 2>/dev/null || echo '?') s, $(cat "$venv/.install-size" 2>/dev/null || echo '?'))"
 done
+rm -rf "$BUILDS"
 summary+=("engine builds: $(( $(date +%s) - t0 )) s")
 
 # One pytest run; its result joins the summary. $1: label, $2: venv, rest: pytest arguments.

@@ -172,8 +172,10 @@ def run(recipe_path: str, log=print) -> dict:
             log(f"[{name}] running -> {d[name]}")
         os.makedirs(d[name], exist_ok=True)
         fileio.write_json(pending, settings)
+        t0 = time.monotonic()
         fn()
         _mark(d[name], settings)
+        log(f"[{name}] finished in {time.monotonic() - t0:.0f} s")
         with contextlib.suppress(FileNotFoundError):  # atomic stages replace their whole directory
             os.unlink(pending)
 
