@@ -145,6 +145,7 @@ def _identity(plain: dict, other: dict) -> str:
 def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
     """Markdown + JSON + plot from the load cases' result files (one engine each, one run)."""
     import datetime
+    import gzip
     import json
     import re
     from pathlib import Path
@@ -153,8 +154,6 @@ def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    import gzip
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,8 +196,8 @@ def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
         "outputs), mean over greedy and over sampled requests. Greedy identical: greedy requests whose",
         "tokens equal the plain engine's at the same concurrency.",
         "",
-        "| mode | c | requests | tok/s | ratio | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | acceptance length greedy / sampled "
-        "| draft tokens per output token | preemptions | greedy identical |",
+        "| mode | c | requests | tok/s | ratio | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) "
+        "| acceptance length greedy / sampled | draft tokens per output token | preemptions | greedy identical |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary = []
@@ -250,7 +249,9 @@ def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
         lines += ["", "The speculation guard's decisions (engine log):", "", "```", *guard_lines, "```"]
     (out / "load.md").write_text("\n".join(lines) + "\n")
     (out / "load.json").write_text(
-        json.dumps({"command": command, "vllm": first["vllm"], "route": first["engine_route"], "rows": summary}, indent=1)
+        json.dumps(
+            {"command": command, "vllm": first["vllm"], "route": first["engine_route"], "rows": summary}, indent=1
+        )
     )
     fig, ax = plt.subplots(figsize=(7, 4))
     for c in cases:

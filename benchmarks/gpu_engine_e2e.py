@@ -850,9 +850,9 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
         r = json.loads(p.read_text())
         runs[r["case"]["name"]] = r
     dates = sorted(r["date"] for r in runs.values())
+    release = ".".join(sorted({r.get("vllm", "0.20") for r in runs.values()})[-1].split(".")[:2])
     L = [
-        f"# vLLM {'.'.join(sorted({r.get('vllm', '0.20') for r in runs.values()})[-1].split('.')[:2])} GPU engine on the "
-        f"{_device(runs)}: our MLA backend and EAGLE-3",
+        f"# vLLM {release} GPU engine on the {_device(runs)}: our MLA backend and EAGLE-3",
         "",
         f"Written by `python benchmarks/gpu_engine_e2e.py report` from `raw/` (one file per case, written by "
         f"the case that measured it, command and date inside; cases ran {dates[0]} .. {dates[-1]}). "

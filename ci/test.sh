@@ -5,11 +5,14 @@
 #   wheel    the runtime wheel (ci/wheel_check.py, ~15 s): built from a clean copy, its size and
 #            file count printed, fails if a tools module (training, benchmarks, tiny models) is in
 #            it; the import time of register() in the latest engine's venv printed, not asserted
-#   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv: minutes
+#   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv side by
+#            side: minutes
 #   engines  tests that start real engines (pytest -m slow): vLLM 0.16 first (the training
 #            end-to-end test extracts there and serves on the latest), then the latest
 #   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py,
-#            tests/test_patch_files_034.py and tests/test_patch_states.py only)
+#            tests/test_patch_files_034.py and tests/test_patch_states.py only), beside the
+#            latest engine tier
+# Tiers run side by side print their logs whole when all of them are done.
 #
 #   bash ci/test.sh                          # every tier
 #   VLLM_K2_TIERS="lint fast" bash ci/test.sh  # a developer's quick pass
@@ -80,7 +83,27 @@ run_pytest() {
   fi
   summary+=("$label: pytest exit $rc, $(( $(date +%s) - t1 )) s")
   [[ $rc -ne 0 ]] && status=1
+  [[ -n "${TIER_RESULT:-}" ]] && { echo "${summary[-1]}" > "$TIER_RESULT"; echo "$rc" > "$TIER_RESULT.rc"; }
   return 0
+}
+
+# Tiers side by side (2 cores: engine start-up is mostly one Python thread): start_tier runs one
+# in the background into its own log; finish_tiers waits, then prints the logs whole, in order.
+TIERS_DIR=$(mktemp -d -t vllm-k2-tiers-XXXX)
+n_bg=0
+start_tier() {
+  TIER_RESULT="$TIERS_DIR/$n_bg" run_pytest "$@" > "$TIERS_DIR/$n_bg.log" 2>&1 &
+  n_bg=$((n_bg + 1))
+}
+finish_tiers() {
+  wait
+  for ((j = 0; j < n_bg; j++)); do
+    cat "$TIERS_DIR/$j.log"
+    summary+=("$(cat "$TIERS_DIR/$j" 2>/dev/null || echo "tier $j: no result")")
+    [[ "$(cat "$TIERS_DIR/$j.rc" 2>/dev/null)" == 0 ]] || status=1
+  done
+  rm -f "$TIERS_DIR"/*
+  n_bg=0
 }
 USER_ARGS="$*"
 
@@ -123,20 +146,23 @@ fi
 # --- tests --------------------------------------------------------------------------------
 if has "$TIERS" fast; then
   for engine in latest vllm016; do
-    [[ -n "${VENV[$engine]:-}" ]] && run_pytest "fast tier on $engine" "${VENV[$engine]}" -m "not slow" "$@"
+    [[ -n "${VENV[$engine]:-}" ]] && start_tier "fast tier on $engine" "${VENV[$engine]}" -m "not slow" "$@"
   done
+  finish_tiers
 fi
+# The 0.16 engine tier first: the training end-to-end test extracts there and serves on the latest.
 if has "$TIERS" engines; then
-  for engine in vllm016 latest; do
-    [[ -n "${VENV[$engine]:-}" ]] && run_pytest "engine tier on $engine" "${VENV[$engine]}" -m slow "$@"
-  done
+  [[ -n "${VENV[vllm016]:-}" ]] && run_pytest "engine tier on vllm016" "${VENV[vllm016]}" -m slow "$@"
+  [[ -n "${VENV[latest]:-}" ]] && start_tier "engine tier on latest" "${VENV[latest]}" -m slow "$@"
 fi
 # The 0.34 venv can import vLLM, not start it: only its import check and its patch
-# series (applied to a copy, probes flipped) run there.
+# series (applied to a copy, probes flipped) run there, beside the latest engine tier.
 if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
-  USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
+  USER_ARGS="" start_tier "import check on vllm034" "${VENV[vllm034]}" \
     tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
 fi
+finish_tiers
+rm -rf "$TIERS_DIR"
 
 printf '%s\n' "${summary[@]}"
 echo "total: $(( $(date +%s) - T_START )) s"

@@ -24,9 +24,10 @@ pytestmark = pytest.mark.vllm_independent
 def test_committed_report_is_the_reports_output(raw, tmp_path):
     engine_load.report([raw], tmp_path, "x")
     committed = raw.parent
-    assert json.loads((tmp_path / "load.json").read_text())["rows"] == json.loads(
-        (committed / "load.json").read_text()
-    )["rows"]
+    assert (
+        json.loads((tmp_path / "load.json").read_text())["rows"]
+        == json.loads((committed / "load.json").read_text())["rows"]
+    )
 
     def body(text):  # the command and the report's own date differ; the rest may not
         return [ln for ln in text.splitlines() if not ln.startswith(("Command:", "Date:"))]
