@@ -9,10 +9,11 @@ shares the GPU or the host with another engine's start-up.
   python benchmarks/gpu_engine_e2e.py run SUITE --models DIR --out OUT [--parallel N]
   python benchmarks/gpu_engine_e2e.py report OUT/*.json --out benchmarks/results/gpu_engine_h200
 
-Suites: ``tiny`` (the trained tiny target: stock vs ours, eager vs graphs, EAGLE-3 with the
-trained drafter, n-gram, the self-check fallback) and ``slice`` (a K2.5-sized per-GPU
-slice with dummy weights: decode step times at 4k/32k/128k, plain vs EAGLE-3 k = 1..4).
-Time per step = (t(129 tokens) - t(1 token)) / (steps between them), steps from vLLM's
+Suites are data: ``gpu_suites.toml`` (each suite's defaults and cases; a new suite is a table
+there, not code here), e.g. ``tiny`` (the trained tiny target: stock vs ours, eager vs graphs,
+EAGLE-3 with the trained drafter, n-gram, the self-check fallback), ``slice`` (a K2.5-sized
+per-GPU slice with dummy weights: decode step times at 4k/32k/128k) and ``load`` (a serving load,
+``engine_load.py``). Time per step = (t(129 tokens) - t(1 token)) / (steps between them), steps from vLLM's
 own spec-decode counters (one per token without speculation).
 """
 
@@ -1102,442 +1103,34 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
 # --------------------------------------------------------------------------- suites
 
 
+#: The suites as data: each suite's default keys and its cases (one engine each), in order.
+SUITES = HERE / "gpu_suites.toml"
+
+
 def suite(name: str, models: Path) -> list[dict]:
-    tiny = {
-        "model": str(models / "target"),
-        "max_model_len": 2048,
-        "gpu_memory_utilization": 0.06,
-        "kv_cache_bytes": 1 << 30,
-        "task": "greedy",
-        "prompts": str(models / "prompts.json"),
-    }
-    if name == "tiny":
-        cases = []
-        for backend in ("stock", "ours"):
-            for graphs in (False, True):
-                cases.append(
-                    {
-                        **tiny,
-                        "name": f"tiny-{backend}-{'graphs' if graphs else 'eager'}",
-                        "backend": backend,
-                        "graphs": graphs,
-                    }
-                )
-        draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
-        for backend in ("stock", "ours"):
-            cases.append(
-                {**tiny, "name": f"tiny-{backend}-eagle3-k3", "backend": backend, "graphs": True, "spec": draft}
-            )
-        cases.append(
-            {
-                **tiny,
-                "name": "tiny-ours-ngram-k3",
-                "backend": "ours",
-                "graphs": True,
-                "spec": {"method": "ngram", "k": 3},
-            }
-        )
-        cases.append({**tiny, "name": "tiny-ours-fault-smem", "backend": "ours", "graphs": True, "fault": "smem"})
-        return cases
-    if name in ("slice", "slice-k"):
-        base = {
-            "model": str(models / "slice"),
-            "max_model_len": max(CONTEXTS) + 512,
-            "gpu_memory_utilization": 0.45,
-            "kv_cache_bytes": 5 << 30,
-            "task": "steps",
-            "dummy": True,
-            "graphs": True,
-            "contexts": list(CONTEXTS),
-            "vocab": slice_config()["vocab_size"],
-        }
-        draft = lambda k: {"method": "eagle3", "model": str(models / "slice-draft"), "k": k}  # noqa: E731
-        if name == "slice":
-            return [
-                {**base, "name": "slice-stock-plain", "backend": "stock"},
-                {**base, "name": "slice-ours-plain", "backend": "ours"},
-                {**base, "name": "slice-stock-eagle3-k3", "backend": "stock", "spec": draft(3)},
-                {**base, "name": "slice-ours-eagle3-k3", "backend": "ours", "spec": draft(3), "routing": "dummy"},
-            ]
-        return [{**base, "name": f"slice-ours-eagle3-k{k}", "backend": "ours", "spec": draft(k)} for k in (1, 2, 4)] + [
-            {**base, "name": "slice-ours-eagle3-k3-spread", "backend": "ours", "spec": draft(3), "routing": "spread"},
-            {**base, "name": "slice-ours-plain-spread", "backend": "ours", "routing": "spread"},
-        ]
-    if name == "gguf":  # the README's GGUF path: experts kept quantized, attention force-dequantized
-        g = {**tiny, "graphs": True, "backend": "ours"}
-        target = str(models / "target")
-        kept = {
-            "tokenizer": target,
-            "hf_config_path": target,
-            "model_loader_extra_config": {"force_dequant": ["blk.*.attn_*"]},
-        }
-        q4k = {**g, "model": str(models / "gguf" / "q4k.gguf"), "llm_kwargs": kept}
-        draft = {"method": "eagle3", "model": str(models / "draft"), "k": 3}
-        # our grouped GGUF MoE forced on wherever its check passes (the tiny shapes may not pick it
-        # on speed), against vLLM's GGUF MoE (the patch off), plain and with the trained drafter
-        ours_moe, stock_moe = {"env": {"VLLM_K2_GGUF_MOE": "always"}}, {"disable": [GGUF_MOE]}
-        return [
-            {**q4k, "name": "gguf-q4k-experts-kept", **ours_moe},
-            {**q4k, "name": "gguf-q4k-kept-stockmoe", **stock_moe},
-            {**q4k, "name": "gguf-q4k-kept-eagle3-k3", "spec": draft, **ours_moe},
-            {**q4k, "name": "gguf-q4k-kept-stockmoe-eagle3-k3", "spec": draft, **stock_moe},
-            {**g, "name": "gguf-dequantized-reference", "model": str(models / "gguf" / "reference")},
-        ]
-    if name == "profile":  # where a step's time goes: 4k, ours, plain vs EAGLE-3 k=3
-        base = {
-            "model": str(models / "slice"),
-            "max_model_len": 8192,
-            "gpu_memory_utilization": 0.45,
-            "kv_cache_bytes": 2 << 30,
-            "task": "profile",
-            "dummy": True,
-            "graphs": True,
-            "backend": "ours",
-            "contexts": [4096],
-            "vocab": slice_config()["vocab_size"],
-        }
-        return [
-            {**base, "name": "profile-ours-plain"},
-            {
-                **base,
-                "name": "profile-ours-eagle3-k3",
-                "spec": {"method": "eagle3", "model": str(models / "slice-draft"), "k": 3},
-            },
-        ]
-    if name == "hostprof":  # where a speculative step's host time goes (cProfile + torch.profiler)
-        t = {**tiny, "task": "hostprof", "graphs": True, "backend": "ours"}
-        s4k = {
-            "model": str(models / "slice"),
-            "max_model_len": 8192,
-            "gpu_memory_utilization": 0.45,
-            "kv_cache_bytes": 2 << 30,
-            "task": "hostprof",
-            "dummy": True,
-            "graphs": True,
-            "backend": "ours",
-            "contexts": [4096],
-            "vocab": slice_config()["vocab_size"],
-        }
-        e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
-        return [
-            {**t, "name": "hostprof-tiny-plain"},
-            {**t, "name": "hostprof-tiny-eagle3-k3", "spec": e3("draft")},
-            {**t, "name": "hostprof-tiny-eagle3-k3-aot", "spec": e3("draft"), "aot_compile": True},
-            {**t, "name": "hostprof-tiny-ngram-k3", "spec": {"method": "ngram", "k": 3}},
-            {**s4k, "name": "hostprof-slice-plain"},
-            {**s4k, "name": "hostprof-slice-eagle3-k3", "spec": e3("slice-draft")},
-        ]
-    if name == "dgbackend":  # patch draft-attention-triton: vLLM's priority list would give the drafter FLASH_ATTN
-        fa = {**tiny, "graphs": True, "backend": "ours", "env": {"DGPU_BACKENDS": "TRITON_MLA,FLASH_ATTN"}}
-        e3 = {"spec": {"method": "eagle3", "model": str(models / "draft"), "k": 3}, "draft_graph": True}
-        return [
-            {**fa, "name": "dg-backend-tiny-ours-plain"},
-            {**fa, "name": "dg-backend-tiny-ours-eagle3-k3-draftgraph", **e3},
-        ]  # vLLM's own pick is not run: the bundle has no FLASH_ATTN kernels for the drafter (its log line names it)
-    if name in ("v16tiny", "v16deep", "v16prof"):  # vLLM 0.16 (route C): every GPU patch vs stock 0.16
-        return _v16_suite(name, models, tiny)
-    if name in ("load", "v16load"):
-        return load_suite(name, models, tiny)
-    if name in (
-        "dgtiny",
-        "dgslice",
-        "dgmoe",
-        "dgdepth",
-        "dgdepthprof",
-        "dgdeep",
-        "dgprof",
-        "dgrope",
-        "dg12",
-        "dg24",
-        "dg24stock",
-        "dg24tile",
-        "quant",
-    ):  # the draft step as one graph (patch draft-step-graph) vs not
-        e3 = lambda d: {"method": "eagle3", "model": str(models / d), "k": 3}  # noqa: E731
-        if name == "dgtiny":
-            t = {**tiny, "graphs": True, "backend": "ours"}
-            return [
-                {**t, "name": "dg-tiny-ours-plain"},
-                {**t, "name": "dg-tiny-ours-eagle3-k3-stockdraft", "spec": e3("draft"), "draft_graph": False},
-                {**t, "name": "dg-tiny-ours-eagle3-k3-draftgraph", "spec": e3("draft"), "draft_graph": True},
-                {
-                    **t,
-                    "name": "dg-tiny-ours-eagle3-k3-draftgraph-prefill2d",
-                    "spec": e3("draft"),
-                    "draft_graph": True,
-                    "disable": [PREFILL_AS_DECODE],
-                },
-            ]
-        base = {
-            "model": str(models / "slice"),
-            "max_model_len": max(CONTEXTS) + 512,
-            "gpu_memory_utilization": 0.45,
-            "kv_cache_bytes": 5 << 30,
-            "task": "steps",
-            "dummy": True,
-            "graphs": True,
-            "contexts": list(CONTEXTS),
-            "vocab": slice_config()["vocab_size"],
-        }
-        if name == "dgslice":
-            return [
-                {**base, "name": "dg-slice-ours-plain", "backend": "ours"},
-                {
-                    **base,
-                    "name": "dg-slice-ours-eagle3-k3-draftgraph",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                },
-                {
-                    **base,
-                    "name": "dg-slice-ours-eagle3-k3-draftgraph-prefill2d",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                    "disable": [PREFILL_AS_DECODE],
-                },
-                {
-                    **base,
-                    "name": "dg-slice-ours-eagle3-k3-draftgraph-kv1",
-                    "backend": "ours",
-                    "spec": e3("slice-draft-kv1"),
-                    "draft_graph": True,
-                },
-                {
-                    **base,
-                    "name": "dg-slice-ours-eagle3-k3-stockdraft",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": False,
-                },
-                {**base, "name": "dg-slice-stock-eagle3-k3", "backend": "stock", "spec": e3("slice-draft")},
-                {**base, "name": "dg-slice-stock-plain", "backend": "stock"},
-            ]
-        if name == "dgdepth":  # 6 and 12 layers, plain and EAGLE-3 (every patch): fixed vs per-layer cost
-            depth = {**base, "backend": "ours", "contexts": [4096, 32768], "max_model_len": 32768 + 512}
-            return [
-                {**depth, "name": "dg-depth6-plain", "model": str(models / "slice6")},
-                {
-                    **depth,
-                    "name": "dg-depth6-eagle3-k3",
-                    "model": str(models / "slice6"),
-                    "spec": e3("slice6-draft"),
-                    "draft_graph": True,
-                },
-                {**depth, "name": "dg-depth12-plain"},
-                {**depth, "name": "dg-depth12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
-            ]
-        if name == "quant":  # bf16 vs W4A16 experts (12 layers), plain vs EAGLE-3 k=3, router spread over experts
-            q = {**base, "backend": "ours", "routing": "spread"}
-            own = {"spec": e3("slice-draft-tp8"), "draft_graph": True, "draft_head": "own"}
-            # one engine at a time (--parallel 1): the bf16 slice's ~50 GB of experts fill most of an H100
-            bf16 = {**q, "gpu_memory_utilization": 0.85}
-            w4a16 = {**q, "model": str(models / "slice-w4a16"), "gpu_memory_utilization": 0.85}
-            return [
-                {**w4a16, "name": "q12-w4a16-plain"},
-                {**w4a16, "name": "q12-w4a16-eagle3-k3", **own},
-                # the same with the guard on (it holds k = 3 in the case above): drafts never accepted
-                {**w4a16, "name": "q12-w4a16-eagle3-k3-guard", **own, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
-                {**bf16, "name": "q12-bf16-plain"},
-                {**bf16, "name": "q12-bf16-eagle3-k3", **own},
-            ]
-        if name == "dgmoe":  # patch moe-group-tokens-by-expert on and off, plain alongside
-            return [
-                {
-                    **base,
-                    "name": "dg-moe-slice-ours-eagle3-k3",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                },
-                {
-                    **base,
-                    "name": "dg-moe-slice-ours-eagle3-k3-unsorted",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                    "disable": [MOE_SORTED],
-                },
-                {**base, "name": "dg-moe-slice-ours-plain", "backend": "ours"},
-            ]
-        if name == "dgrope":  # patch rope-float32-cache on and off; the drafter at its TP-8 share
-            return [
-                {**base, "name": "dg-rope-slice-ours-plain", "backend": "ours"},
-                {
-                    **base,
-                    "name": "dg-rope-slice-ours-eagle3-k3",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                },
-                {
-                    **base,
-                    "name": "dg-rope-slice-ours-eagle3-k3-ropestock",
-                    "backend": "ours",
-                    "spec": e3("slice-draft"),
-                    "draft_graph": True,
-                    "disable": [ROPE_FLOAT32],
-                },
-                {
-                    **base,
-                    "name": "dg-rope-slice-ours-eagle3-k3-tp8draft",
-                    "backend": "ours",
-                    "spec": e3("slice-draft-tp8"),
-                    "draft_graph": True,
-                },
-            ]
-        prof = {
-            **base,
-            "max_model_len": 8192,
-            "kv_cache_bytes": 2 << 30,
-            "task": "hostprof",
-            "backend": "ours",
-            "contexts": [4096],
-        }
-        if name == "dgdeep":  # 24 layers, one engine at a time (--parallel 1): steps, then under the profilers
-            deep = {
-                **base,
-                "backend": "ours",
-                "model": str(models / "slice24"),
-                "gpu_memory_utilization": 0.88,
-                "contexts": [4096, 32768],
-                "max_model_len": 32768 + 512,
-            }
-            e3d = {"spec": e3("slice24-draft-tp8"), "draft_graph": True}
-            own = {**e3d, "draft_head": "own"}  # its own 4,000-row head, as a trained drafter has
-            dprof = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
-            dprof32 = {**dprof, "contexts": [32768], "max_model_len": 32768 + 512}  # where 4k -> 32k goes
-            return [
-                {**deep, "name": "dg-deep24-plain"},
-                {**deep, "name": "dg-deep24-eagle3-k3-ownhead", **own},
-                {**deep, "name": "dg-deep24-eagle3-k3-ownhead-spread", **own, "routing": "spread"},
-                {**deep, "name": "dg-deep24-eagle3-k3-ownhead-segstock", **own, "disable": [DRAFT_SEGMENTS]},
-                {**dprof, "name": "dg-deepprof24-eagle3-k3-ownhead", **own},
-                {**deep, "name": "dg-deep24-eagle3-k3", **e3d},
-                {**dprof, "name": "dg-deepprof24-plain"},
-                {**dprof, "name": "dg-deepprof24-eagle3-k3", **e3d},
-                {**prof, "name": "dg-depthprof12-eagle3-k3-tp8", "spec": e3("slice-draft-tp8"), "draft_graph": True},
-                {**dprof32, "name": "dg-deepprof24-32k-plain"},
-                {**dprof32, "name": "dg-deepprof24-32k-eagle3-k3-ownhead", **own},
-            ]
-        if name == "dg12":  # the 12-layer slice with the TP-8 drafter's own head, twice; then profiled
-            own = {"spec": e3("slice-draft-tp8"), "draft_graph": True, "draft_head": "own"}
-            s12 = {**base, "backend": "ours", "contexts": [4096, 32768], "max_model_len": 32768 + 512}
-            return [
-                {**s12, "name": "dg12-plain"},
-                {**s12, "name": "dg12-eagle3-k3-ownhead", **own},
-                {**s12, "name": "dg12-plain-r2"},
-                {**s12, "name": "dg12-eagle3-k3-ownhead-r2", **own},
-                {**prof, "name": "dg12prof-plain"},
-                {**prof, "name": "dg12prof-eagle3-k3-ownhead", **own},
-            ]
-        if name == "dg24":  # dg12's rounds on the 24-layer slice (one engine at a time)
-            own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}
-            s24 = {
-                **base,
-                "backend": "ours",
-                "model": str(models / "slice24"),
-                "gpu_memory_utilization": 0.88,
-                "contexts": [4096, 32768],
-                "max_model_len": 32768 + 512,
-            }
-            return [
-                {**s24, "name": "dg24-plain"},
-                {**s24, "name": "dg24-eagle3-k3-ownhead", **own},
-                {**s24, "name": "dg24-plain-r2"},
-                {**s24, "name": "dg24-eagle3-k3-ownhead-r2", **own},
-            ]
-        if name == "dg24tile":  # patch draft-attention-tile: every patch, with and without it, 4k / 32k / 128k
-            own = {"spec": e3("slice24-draft-tp8"), "draft_graph": True, "draft_head": "own"}
-            s24 = {**base, "backend": "ours", "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
-            return [
-                {**s24, "name": "dg24t-plain"},
-                {**s24, "name": "dg24t-eagle3-k3-ownhead", **own},
-                {**s24, "name": "dg24t-eagle3-k3-ownhead-tileoff", **own, "disable": ["draft-attention-tile"]},
-                # the first pass's 4 rows in one wave of the SMs (32 segments) instead of two (64, the default)
-                {**s24, "name": "dg24t-eagle3-k3-ownhead-1wave", **own, "segment_waves": 1},
-            ]
-        if name == "dg24stock":  # stock vLLM vs every patch, 24 layers (steps / profiled: one call each, ONLY)
-            own = {"spec": e3("slice24-draft-tp8"), "draft_head": "own"}
-            s24 = {
-                **base,
-                "model": str(models / "slice24"),
-                "gpu_memory_utilization": 0.88,
-                "contexts": [4096, 32768],
-                "max_model_len": 32768 + 512,
-            }
-            p24 = {**prof, "model": str(models / "slice24"), "gpu_memory_utilization": 0.88}
-            return [
-                {**s24, "name": "dg24s-ours-plain", "backend": "ours"},
-                {**s24, "name": "dg24s-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
-                {**s24, "name": "dg24s-stock-plain", "backend": "stock"},
-                {**s24, "name": "dg24s-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
-                {**p24, "name": "dg24sprof-ours-plain", "backend": "ours"},
-                {**p24, "name": "dg24sprof-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
-                {**p24, "name": "dg24sprof-stock-plain", "backend": "stock"},
-                {**p24, "name": "dg24sprof-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
-            ]
-        if name == "dgdepthprof":  # dgdepth's cases under the profiler: GPU busy per step is a kernel sum
-            return [
-                {**prof, "name": "dg-depthprof6-plain", "model": str(models / "slice6")},
-                {
-                    **prof,
-                    "name": "dg-depthprof6-eagle3-k3",
-                    "model": str(models / "slice6"),
-                    "spec": e3("slice6-draft"),
-                    "draft_graph": True,
-                },
-                {**prof, "name": "dg-depthprof12-plain"},
-                {**prof, "name": "dg-depthprof12-eagle3-k3", "spec": e3("slice-draft"), "draft_graph": True},
-            ]
-        return [
-            {**prof, "name": "dg-prof-slice-eagle3-k3-draftgraph", "spec": e3("slice-draft"), "draft_graph": True},
-            {**prof, "name": "dg-prof-slice-plain"},
-            # no CUDA graphs: every kernel has the op (and shapes) that launched it
-            {**prof, "name": "dg-prof-slice-eagle3-k3-eager", "spec": e3("slice-draft"), "graphs": False},
-        ]
-    raise SystemExit(
-        f"unknown suite {name!r}: tiny, slice, slice-k, gguf, profile, hostprof, "
-        "dgtiny, dgslice, dgmoe, dgdepth, dgdepthprof, dgdeep, dgprof, dgrope, dgbackend, dg12, dg24, dg24stock, "
-        "v16tiny, v16deep, v16prof, quant"
-    )
+    """The cases of suite ``name`` from gpu_suites.toml: its defaults with each case's keys on top,
+    '{models}' and '{repo}' in strings made paths."""
+    import tomllib
+
+    suites = tomllib.loads(SUITES.read_text())
+    if name not in suites:
+        raise SystemExit(f"unknown suite {name!r}: {', '.join(suites)} ({SUITES})")
+
+    def fill(v):
+        if isinstance(v, str):
+            return v.replace("{models}", str(models)).replace("{repo}", str(REPO))
+        if isinstance(v, list):
+            return [fill(x) for x in v]
+        if isinstance(v, dict):
+            return {k: fill(x) for k, x in v.items()}
+        return v
+
+    defaults = suites[name].get("defaults", {})
+    return [fill({**defaults, **case}) for case in suites[name]["cases"]]
 
 
-#: the load suites: requests served at each concurrency (the first N of the load prompts)
-LOAD_REQUESTS = {"1": 16, "4": 32, "16": 64, "64": 64}
+#: the load suites' drafter whose drafts are never accepted (written next to the models at run time)
 NEVER_ACCEPTED = "draft-never-accepted"
-
-
-def load_suite(name: str, models: Path, tiny: dict) -> list[dict]:
-    """Speculation under a serving load (issue 47): the trained tiny pair with 16 requests in a
-    batch at most, 512-token chunked prefills, prefix caching and a KV cache small enough that
-    16 in flight preempt; half the requests sampled. Plain, EAGLE-3 k = 3 with and without the
-    speculation guard, and the guard with a drafter whose drafts are never accepted."""
-    prefix = "v16-load" if name == "v16load" else "load"
-    base = {
-        **tiny,
-        "task": "load",
-        "graphs": True,
-        "backend": "ours",
-        "max_model_len": 1024,
-        "max_num_seqs": 16,
-        "kv_cache_bytes": 24 << 20,
-        "llm_kwargs": {"max_num_batched_tokens": 512, "enable_chunked_prefill": True},
-        "load_prompts": str(models / "load_prompts.json"),
-        "concurrency": [int(c) for c in LOAD_REQUESTS],
-        "requests": LOAD_REQUESTS,
-        "max_tokens": 128,
-    }
-    e3 = lambda model: {"spec": {"method": "eagle3", "model": str(model), "k": 3}, "draft_graph": True}  # noqa: E731
-    trained, never = e3(BENCH_DRAFTER), e3(models / NEVER_ACCEPTED)
-    return [
-        {**base, "name": f"{prefix}-plain"},
-        {**base, "name": f"{prefix}-eagle3-k3", **trained, "env": {"VLLM_K2_SPEC_GUARD": "0"}},
-        {**base, "name": f"{prefix}-eagle3-k3-guard", **trained, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
-        {**base, "name": f"{prefix}-eagle3-k3-never", **never, "env": {"VLLM_K2_SPEC_GUARD": "0"}},
-        {**base, "name": f"{prefix}-eagle3-k3-never-guard", **never, "env": {"VLLM_K2_SPEC_GUARD": "1"}},
-    ]
 
 
 def write_never_accepted_drafter(dest: Path) -> None:
@@ -1555,109 +1148,6 @@ def write_never_accepted_drafter(dest: Path) -> None:
         raise ValueError(f"{BENCH_DRAFTER}/model.safetensors: d2t[0] must be 0 (draft entry 0 = target [BOS])")
     save_file(tensors, str(path) + ".tmp", metadata={"format": "pt"})
     os.replace(str(path) + ".tmp", path)
-
-
-def _v16_suite(name: str, models: Path, tiny: dict) -> list[dict]:
-    """vLLM 0.16 on the H200: the trained tiny pair (greedy, graphs, self-check fallback, EAGLE-3
-    through 0.16's proposer with and without the draft-step graph) and the 24-layer slice with the
-    TP-8 drafter and its own head, ours vs stock 0.16, plain and EAGLE-3 k = 3, 4k / 32k / 128k."""
-    # the committed bench drafter (sha256 in its digests.json) rather than prepare's copy: one call carries less
-    e3 = {"method": "eagle3", "model": str(BENCH_DRAFTER), "k": 3}
-    if name == "v16tiny":
-        t = {**tiny, "graphs": True}
-        return [
-            {**t, "name": "v16-tiny-stock-graphs", "backend": "stock"},
-            {**t, "name": "v16-tiny-ours-graphs", "backend": "ours"},
-            {**t, "name": "v16-tiny-ours-fault-smem", "backend": "ours", "fault": "smem"},
-            {**t, "name": "v16-tiny-stock-eagle3-k3", "backend": "stock", "spec": e3},
-            {**t, "name": "v16-tiny-ours-eagle3-k3-stockdraft", "backend": "ours", "spec": e3, "draft_graph": False},
-            {**t, "name": "v16-tiny-ours-eagle3-k3-draftgraph", "backend": "ours", "spec": e3, "draft_graph": True},
-            # every patch but async-spec-zero-bubble: 0.16's wait for the accepted count at each step
-            {
-                **t,
-                "name": "v16-tiny-ours-eagle3-k3-draftgraph-waits",
-                "backend": "ours",
-                "spec": e3,
-                "draft_graph": True,
-                "disable": [ZERO_BUBBLE],
-            },
-        ]
-    deep = {
-        "model": str(models / "slice24"),
-        "max_model_len": max(CONTEXTS) + 512,
-        "gpu_memory_utilization": 0.88,
-        "kv_cache_bytes": 5 << 30,
-        "task": "steps",
-        "dummy": True,
-        "graphs": True,
-        "contexts": list(CONTEXTS),
-        "vocab": slice_config()["vocab_size"],
-    }
-    own = {"spec": {**e3, "model": str(models / "slice24-draft-tp8")}, "draft_head": "own"}
-    if name == "v16prof":  # where a step's GPU time goes at 4k and 128k (torch.profiler, in-process engine)
-        prof = {**deep, "task": "profile", "backend": "ours"}
-        at = lambda ctx: {"contexts": [ctx], "max_model_len": ctx + 512}  # noqa: E731
-        return [
-            {**prof, **at(131072), "name": "v16prof-deep24-ours-eagle3-k3-ownhead-128k", "draft_graph": True, **own},
-            {**prof, **at(4096), "name": "v16prof-deep24-ours-eagle3-k3-ownhead-4k", "draft_graph": True, **own},
-            {**prof, **at(131072), "name": "v16prof-deep24-ours-plain-128k"},
-            {**prof, **at(4096), "name": "v16prof-deep24-ours-plain-4k"},
-            # where the host spends a 4k EAGLE-3 step (cProfile; the GPU idles ~0.7 ms a step there)
-            {
-                **prof,
-                **at(4096),
-                "task": "hostprof",
-                "name": "v16hostprof-deep24-ours-eagle3-k3-ownhead-4k-rope016",
-                "draft_graph": True,
-                **own,
-                **ROPE016,
-            },
-        ]
-    return [
-        {**deep, "name": "v16-deep24-ours-plain", "backend": "ours"},
-        {**deep, "name": "v16-deep24-ours-eagle3-k3-ownhead", "backend": "ours", "draft_graph": True, **own},
-        {**deep, "name": "v16-deep24-stock-plain", "backend": "stock"},
-        {**deep, "name": "v16-deep24-stock-eagle3-k3-ownhead", "backend": "stock", "draft_graph": False, **own},
-        # route C's rotary cast taken out (ROUTE_C_ROPE), ours and stock alike
-        {
-            **deep,
-            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016",
-            "backend": "ours",
-            "draft_graph": True,
-            **own,
-            **ROPE016,
-        },
-        {
-            **deep,
-            "name": "v16-deep24-stock-eagle3-k3-ownhead-rope016",
-            "backend": "stock",
-            "draft_graph": False,
-            **own,
-            **ROPE016,
-        },
-        # every patch but async-spec-zero-bubble (0.16's wait for the accepted count at each step)
-        {
-            **deep,
-            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-waits",
-            "backend": "ours",
-            "draft_graph": True,
-            **own,
-            **ROPE016,
-            "disable": [ZERO_BUBBLE],
-        },
-        # bound: the step without 0.16's start-of-step wait for the accepted count (NOSYNC_BOUND; positions run
-        # ahead 3 a step, so only 4k / 32k fit max_model_len)
-        {
-            **deep,
-            "name": "v16-deep24-ours-eagle3-k3-ownhead-rope016-nosyncbound",
-            "backend": "ours",
-            "draft_graph": True,
-            **own,
-            **ROPE016,
-            "nosync_bound": True,
-            "contexts": [4096, 32768],
-        },
-    ]
 
 
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
@@ -1698,17 +1188,6 @@ def write_gguf_pair(target: Path, dest: Path) -> None:
     save_file(tensors, str(ref / "model.safetensors"))
 
 
-#: The drafter's first pass through TRITON_ATTN's split-KV decode kernel (patch draft-prefill-as-decode).
-PREFILL_AS_DECODE = "draft-prefill-as-decode"
-#: TRITON_ATTN's split-KV grid widened to fill the GPU at small batches (patch draft-attention-segments).
-DRAFT_SEGMENTS = "draft-attention-segments"
-#: GGUF experts read once per touched expert at small batches (patch gguf-moe-grouped-small-batches).
-GGUF_MOE = "gguf-moe-grouped-small-batches"
-#: Verify-sized MoE batches sorted by expert (patch moe-group-tokens-by-expert).
-MOE_SORTED = "moe-group-tokens-by-expert"
-ROPE_FLOAT32 = "rope-float32-cache"
-#: vLLM 0.16: speculative steps prepared without waiting for the previous accepted count.
-ZERO_BUBBLE = "async-spec-zero-bubble"
 #: Bench-only patch module: a dummy drafter runs its own draft-vocabulary lm_head (case key
 #: "draft_head": "own"); without it vLLM shares the target's full-vocabulary head with it.
 DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
@@ -1716,7 +1195,6 @@ DUMMY_DRAFT_HEAD = "benchmarks.dummy_draft_head"
 #: cache to float32 on every call, 0.16's own op does not; this module hands it a float32 copy
 #: made once (case key "route_c_rope"), for stock and ours alike.
 ROUTE_C_ROPE = "benchmarks.vllm016_gpu.route_c_rope"
-ROPE016 = {"route_c_rope": True}
 #: vLLM 0.16, dummy weights only: the accepted count taken as "all accepted" instead of waited for
 #: at the start of each step (case key "nosync_bound"): the bound of a zero-bubble backport.
 NOSYNC_BOUND = "benchmarks.vllm016_gpu.async_spec_bound"

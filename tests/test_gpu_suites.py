@@ -1,0 +1,77 @@
+"""The GPU benchmark suites (benchmarks/gpu_suites.toml) are data the runner can start: every case
+has the keys run_case and case_env read, unique names, contexts its engine can hold, the slice's
+vocabulary, and model paths that `prepare` writes or the runner builds."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_engine_e2e as e2e  # noqa: E402
+
+pytestmark = pytest.mark.vllm_independent
+NAMES = list(tomllib.loads(e2e.SUITES.read_text()))
+REQUIRED = {"name", "model", "task", "backend", "graphs", "max_model_len", "gpu_memory_utilization", "kv_cache_bytes"}
+#: what `prepare` writes into the models folder, and what `run` builds there before a suite
+MODELS = {"target", "draft", "prompts.json", "load_prompts.json", "gguf", e2e.NEVER_ACCEPTED} | {
+    "slice",
+    "slice-draft",
+    "slice-draft-kv1",
+    "slice-draft-tp8",
+    "slice-w4a16",
+    "slice6",
+    "slice6-draft",
+    "slice24",
+    "slice24-draft-tp8",
+}
+
+
+def _paths(v):
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, list):
+        for x in v:
+            yield from _paths(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _paths(x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_case_can_start(name, tmp_path):
+    cases = e2e.suite(name, tmp_path)
+    assert cases, name
+    assert len({c["name"] for c in cases}) == len(cases), "case names must be unique (results are keyed by them)"
+    vocab = e2e.slice_config()["vocab_size"]
+    for c in cases:
+        assert REQUIRED <= c.keys(), (c["name"], REQUIRED - c.keys())
+        assert c["task"] in ("greedy", "steps", "profile", "hostprof", "load"), c["name"]
+        assert c["backend"] in ("stock", "ours"), c["name"]
+        if "contexts" in c:
+            assert max(c["contexts"]) + e2e.GEN <= c["max_model_len"], c["name"]
+        if c.get("dummy"):
+            assert c["vocab"] == vocab, c["name"]
+        for p in _paths(c):
+            if p.startswith(str(tmp_path)):
+                assert Path(p).relative_to(tmp_path).parts[0] in MODELS, (c["name"], p)
+            elif p.startswith(str(REPO)):
+                assert Path(p).exists(), (c["name"], p)
+
+
+def test_names_are_unique_across_suites(tmp_path):
+    seen: dict[str, str] = {}
+    for name in NAMES:
+        for c in e2e.suite(name, tmp_path):
+            assert c["name"] not in seen, f"{c['name']} in {name} and {seen.get(c['name'])}"
+            seen[c["name"]] = name
+
+
+def test_an_unknown_suite_names_the_known_ones(tmp_path):
+    with pytest.raises(SystemExit, match="unknown suite 'nope': tiny, slice"):
+        e2e.suite("nope", tmp_path)
