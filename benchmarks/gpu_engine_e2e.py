@@ -1103,6 +1103,14 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
 # --------------------------------------------------------------------------- suites
 
 
+def _toml(text: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
 #: The suites as data: each suite's default keys and its cases (one engine each), in order.
 SUITES = HERE / "gpu_suites.toml"
 
@@ -1110,9 +1118,7 @@ SUITES = HERE / "gpu_suites.toml"
 def suite(name: str, models: Path) -> list[dict]:
     """The cases of suite ``name`` from gpu_suites.toml: its defaults with each case's keys on top,
     '{models}' and '{repo}' in strings made paths."""
-    import tomllib
-
-    suites = tomllib.loads(SUITES.read_text())
+    suites = _toml(SUITES.read_text())
     if name not in suites:
         raise SystemExit(f"unknown suite {name!r}: {', '.join(suites)} ({SUITES})")
 

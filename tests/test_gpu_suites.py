@@ -5,7 +5,6 @@ vocabulary, and model paths that `prepare` writes or the runner builds."""
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_engine_e2e as e2e  # noqa: E402
 
 pytestmark = pytest.mark.vllm_independent
-NAMES = list(tomllib.loads(e2e.SUITES.read_text()))
+NAMES = list(e2e._toml(e2e.SUITES.read_text()))
 REQUIRED = {"name", "model", "task", "backend", "graphs", "max_model_len", "gpu_memory_utilization", "kv_cache_bytes"}
 #: what `prepare` writes into the models folder, and what `run` builds there before a suite
 MODELS = {"target", "draft", "prompts.json", "load_prompts.json", "gguf", e2e.NEVER_ACCEPTED} | {
