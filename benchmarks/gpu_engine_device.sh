@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent H200 (device tool, repo root, with .gpub/big .gpub/s .gpub/e2e carried): vLLM 0.20
-# from the bundle (../shared/gpu-vllm/README.md) with this package installed into it, then
+# from the bundle (benchmarks/vllm020_gpu/README.md) with this package installed into it, then
 # the steps named: pytest (GPU tests of the MLA kernel and backend, drafter attention) and e2e suites
 # (tiny, slice, slice-k; see gpu_engine_e2e.py), moebench (moe_verify_bench.py), dattn
 # (draft_attention_tile_probe.py), prefill (prefill_throughput.py), rope

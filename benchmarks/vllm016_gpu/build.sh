@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM 0.16 on the lent H200, route C of ../shared/gpu-vllm016/README.md: vLLM 0.16.0's Python
+# vLLM 0.16 on the lent H200, route C: vLLM 0.16.0's Python
 # (scheduler, model runner, proposer, attention builders, model code: all our patches touch) on
 # vLLM 0.20.0's compiled kernels (0.16's own need torch 2.9; the machine has torch 2.11).
 # Every result from this engine says "route C": the C++/CUDA kernels are 0.20's.
@@ -8,10 +8,10 @@
 #   then, on the device, with .gpub/big/so .gpub/s .gpub016 carried:
 #   bash benchmarks/vllm016_gpu/install.sh    # -> /tmp/site016 (PYTHONPATH), vllm.__version__ 0.16.0
 #
-# Needs: the 0.20 bundle's kernels (.gpub/big/so, from bash ../shared/gpu-vllm/build.sh), pip with
+# Needs: the 0.20 bundle's kernels (.gpub/big/so, from bash benchmarks/vllm020_gpu/build.sh), pip with
 # the registry, xz. What it takes, and why:
 # * vllm-0.16.0 CUDA wheel: its Python tree and dist-info only (no .so), with
-#   ../shared/gpu-vllm016/v016_on_020so.patch (4 files: 0.20's op schemas at three call sites,
+#   route_c_on_020_kernels.patch beside this script (4 files: 0.20's op schemas at three call sites,
 #   0.20's `_C_stable_libtorch` imported where the ops moved), and route_c_fusion.patch: the
 #   compile passes' patterns, which every engine with compilation registers, name two ops whose
 #   schemas changed: per_token_group_fp8_quant (two new arguments) and the nvfp4 quant ops (sm_100+
@@ -23,11 +23,10 @@
 #   with importlib.metadata.packages_distributions()) less the image's packages (KINDS.md).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-SHARED=${SHARED:-$REPO/../shared}
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}/gpu-vllm016
 DEST=$REPO/.gpub016
-PATCH=$SHARED/gpu-vllm016/v016_on_020so.patch
-[[ -d $REPO/.gpub/big/so ]] || { echo "no .gpub/big/so: run bash ../shared/gpu-vllm/build.sh MODELS_DIR first" >&2; exit 2; }
+PATCH=$REPO/benchmarks/vllm016_gpu/route_c_on_020_kernels.patch
+[[ -d $REPO/.gpub/big/so ]] || { echo "no .gpub/big/so: run bash benchmarks/vllm020_gpu/build.sh first" >&2; exit 2; }
 [[ -f $PATCH ]] || { echo "missing $PATCH" >&2; exit 2; }
 grep -q '^/.gpub016/$' "$REPO/.git/info/exclude" 2>/dev/null || echo "/.gpub016/" >> "$REPO/.git/info/exclude"
 mkdir -p "$CACHE/deps"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM 0.16 on the lent H200, route B of ../shared/gpu-vllm016/README.md: 0.16.0's own C++/CUDA kernels,
+# vLLM 0.16 on the lent H200, route B: 0.16.0's own C++/CUDA kernels,
 # compiled here (CPU, no GPU needed) against torch 2.11.0+cu130 (the device's torch) for sm_90a only.
 # Route C (build.sh) runs 0.16's Python on 0.20's kernels; route B swaps in 0.16's own _C, _moe_C and
 # cumem_allocator, keeping 0.20's FlashAttention (.gpub/big/so: vllm-flash-attn is its own project).
@@ -111,7 +111,7 @@ done
 cp dropped_ops.txt "$DEST.tmp/"
 # 0.16.0's Python as released: install.sh takes route C's tree (.gpub016/src.tar.xz) back through
 # these two patches (route C's schema edits are for 0.20's kernels); FlashAttention stays 0.20's.
-cp "$REPO/../shared/gpu-vllm016/v016_on_020so.patch" "$REPO/benchmarks/vllm016_gpu/route_c_fusion.patch" "$DEST.tmp/"
+cp "$REPO/benchmarks/vllm016_gpu/route_c_on_020_kernels.patch" "$REPO/benchmarks/vllm016_gpu/route_c_fusion.patch" "$DEST.tmp/"
 rm -rf "$DEST" && mv "$DEST.tmp" "$DEST"
 grep -q '^/.gpub016b/$' "$REPO/.git/info/exclude" 2>/dev/null || echo "/.gpub016b/" >> "$REPO/.git/info/exclude"
 du -b "$DEST"/* | sed "s|$REPO/||"

@@ -34,7 +34,7 @@ for f in sys.argv[2:]:  # compiled extensions, where 0.16's Python loads its own
     os.chmod(dst, 0o755)
 PY
   if [[ $ROUTE == B ]]; then  # 0.16.0's Python as released: both patches must come back out cleanly
-    for p in route_c_fusion.patch v016_on_020so.patch; do
+    for p in route_c_fusion.patch route_c_on_020_kernels.patch; do
       patch -s -R -p1 --no-backup-if-mismatch -d "$SITE" < ".gpub016b/$p" \
         || { echo "install016: route B: $p does not reverse on route C's tree" >&2; exit 1; }
     done

@@ -3,7 +3,7 @@
 # (The project's own copy of the bundle recipe; kept in the repo so benchmarks need nothing outside it.)
 # Run from the root of YOUR repo (the one whose working tree a GPU run sends); writes .gpub/big and .gpub/s there.
 #   bash benchmarks/vllm020_gpu/build.sh [MODELS_DIR]        # MODELS_DIR holds target/ and (optionally) draft/ (HF layout)
-#   (no models yet? python3 ../shared/gpu-vllm/make_models.py DIR makes a tiny random pair; needs CPU torch+transformers)
+#   (no models yet? python3 benchmarks/vllm020_gpu/make_models.py DIR makes a tiny random pair; needs CPU torch+transformers)
 # Needs on this machine: readelf + strip (binutils), zstd, xz, unzip, nvcc (only if a placeholder cubin is missing),
 # pip with the registry. About 2 min on 2 cores (xz -9e). Result: ~15.5 MiB + your models; see README.md.
 set -e
