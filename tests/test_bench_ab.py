@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.vllm_latest, pytest.mark.slow]
 def bench(k25_model, fixture_root, tmp_path_factory):
     draft = build_draft("legacy", str(fixture_root / "draft-legacy-bench"), k25_model)
     out = tmp_path_factory.mktemp("bench")
-    serve = "--dtype float32 --max-model-len 512 --enforce-eager --trust-remote-code --max-num-seqs 4"
+    serve = "--dtype float32 --max-model-len 2048 --enforce-eager --trust-remote-code --max-num-seqs 4"
     cmd = [
         sys.executable,
         "-m",
@@ -39,14 +39,16 @@ def bench(k25_model, fixture_root, tmp_path_factory):
         'broken={"method": "eagle3", "model": "' + str(fixture_root / "no-such-drafter") + '"}',
         "--serve-args",
         serve,
+        # the serving-load set (shared openings, short to long, every other request sampled) at
+        # 1 and 3 requests in flight: the per-concurrency load report
+        "--prompts",
+        "load:6",
         "--concurrency",
-        "1",
+        "1,3",
         "--rounds",
         "1",
         "--max-tokens",
         "24",
-        "--limit",
-        "3",
         "--out",
         str(out),
     ]
@@ -76,7 +78,9 @@ def test_greedy_outputs_identical_across_modes(bench):
         "eagle3-k3": [],
     }
     texts = {name: r["texts"] for name, r in result["rounds"][0].items() if name != "broken"}
-    assert all(len(t) == 3 and all(t) for t in texts.values())
+    # greedy requests' texts (every other load prompt is sampled: None, they may differ between modes)
+    for t in texts.values():
+        assert len(t) == 6 and [x is None for x in t] == [False, True] * 3
 
 
 def test_reported_acceptance_equals_vllm_counters(bench):
@@ -111,3 +115,20 @@ def test_a_mode_that_fails_to_start_is_reported_and_the_rest_run(bench):
     assert summary["baseline"]["rounds_ok"] == 1 and summary["eagle3-k3"]["rounds_ok"] == 1
     assert summary["broken"]["rounds_ok"] == 0 and summary["broken"]["errors"]
     assert "vllm serve exited" in summary["broken"]["errors"][0]
+
+
+def test_load_report_per_concurrency(bench):
+    out, result, _ = bench
+    for mode in ("baseline", "ngram-k3", "eagle3-k3"):
+        row = result["rounds"][0][mode]["by_concurrency"]["3"]
+        assert row["requests"] == 6 and row["sampled_requests"] == 3, row
+        assert row["aggregate_tok_per_s"] > 0 and row["preemptions"] >= 0
+        for what in ("ttft_s", "tpot_s"):
+            assert 0 < row[f"{what}_p50"] <= row[f"{what}_p99"], (mode, what, row)
+        agg = result["summary"][mode]["3"]
+        assert agg["aggregate_ratio_vs_baseline_median"] == pytest.approx(
+            row["aggregate_tok_per_s"] / result["rounds"][0]["baseline"]["by_concurrency"]["3"]["aggregate_tok_per_s"]
+        )
+    assert result["summary"]["eagle3-k3"]["3"]["mean_acceptance_length_median"] >= 1.0
+    md = (out / "bench_ab.md").read_text()
+    assert "tok/s, all requests" in md and "| eagle3-k3 | 3 |" in md

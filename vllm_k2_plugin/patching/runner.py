@@ -55,6 +55,8 @@ class _KimiEagle3Engine:
     rather than guess; VllmConfig's own methods and properties run on this object."""
 
     def __init__(self) -> None:
+        # no model yet: vLLM 0.29-0.31 read it first, for ROCm's per-architecture exceptions only
+        self.model_config = None
         self.attention_config = types.SimpleNamespace(hisparse_config=None)
         self.watermark_config = None
         self.lora_config = None
