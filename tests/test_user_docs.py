@@ -1,4 +1,4 @@
-"""What a user reads: README.md and docs/ speak plainly and stay true to the repository.
+"""What a user reads: README.md, CHANGELOG.md and docs/ speak plainly and stay true to the repository.
 
 * No internal vocabulary in prose (names of GPU bookings, build nicknames, benchmark case
   sets, issue items). Code spans that hold a path or a command (they contain "/" or a
@@ -59,7 +59,7 @@ def internal_terms(text: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", [README, REPO / "CHANGELOG.md", *DOCS], ids=lambda p: str(p.relative_to(REPO)))
 def test_no_internal_vocabulary(path):
     found = internal_terms(path.read_text())
     assert not found, f"{path.relative_to(REPO)} uses internal words:\n" + "\n".join(found)
