@@ -517,7 +517,7 @@ def run_case(case: dict) -> dict:
                     tn, dn, toks = timed(prompt, GEN)
                     t1s.append(t1)
                     tns.append(tn)
-                steps = (dn["drafts"] - d1["drafts"]) if spec else (len(toks) - 1)
+                steps = decode_steps({"accepted": dn["accepted"] - d1["accepted"]}, toks)
                 step_ms = 1000 * (statistics.median(tns) - statistics.median(t1s)) / max(steps, 1)
                 result["contexts"][str(ctx)] = {
                     "step_ms": round(step_ms, 3),
@@ -541,7 +541,7 @@ def run_case(case: dict) -> dict:
             result["profile"] = profile_steps(lambda: timed(prompt, GEN), stacks=not case["graphs"])
             if case["task"] == "hostprof":
                 wall, d, toks = timed(prompt, GEN)
-                result["wall_ms_per_step"] = round(1000 * wall / (d["drafts"] or (len(toks) - 1)), 3)
+                result["wall_ms_per_step"] = round(1000 * wall / decode_steps(d, toks), 3)
                 result["host"] = host_profile(lambda: timed(prompt, GEN))
     if spec:
         result["draft_graphs"] = llm.collective_rpc(_draft_graph_stats)[0]
@@ -697,6 +697,12 @@ def _copy_stacks(prof, steps: int, top: int = 12) -> list[dict]:
     ]
 
 
+def decode_steps(spec: dict, toks: list) -> int:
+    """Engine steps of one generation: each gives one token plus its accepted drafts (a guard's
+    k = 0 steps draft nothing, so counting drafting steps would miss them)."""
+    return max(1, len(toks) - 1 - spec.get("accepted", 0))
+
+
 def host_profile(run, top: int = 45) -> dict:
     """cProfile of the engine's own thread over one generation: per step, the functions
     with the most inclusive and the most own time (profiler overhead inflates both)."""
@@ -707,7 +713,7 @@ def host_profile(run, top: int = 45) -> dict:
     prof.enable()
     wall, spec, toks = run()
     prof.disable()
-    steps = spec["drafts"] or (len(toks) - 1)
+    steps = decode_steps(spec, toks)
     rows = []
     for (file, line, fn), (_cc, ncalls, own, incl, _callers) in pstats.Stats(prof).stats.items():
         where = file.split("site-packages/")[-1].split("/work/")[-1] if file != "~" else ""
@@ -811,14 +817,15 @@ def _quant_section(runs: dict, summary: dict) -> list[str]:
         return []
     ctxs = sorted({int(c) for r in q.values() for c in r["contexts"]})
     head = " | ".join(f"{c // 1024}k" for c in ctxs)
-    step = {n: {int(c): v["step_ms"] for c, v in r["contexts"].items()} for n, r in q.items()}
+    step = {n: {int(c): _ms_per_step(v) for c, v in r["contexts"].items()} for n, r in q.items()}
     L = [
         "## Quantized experts: the 12-layer K2.5 slice, plain vs EAGLE-3 k = 3 (suite `quant`)",
         "",
         "Dummy weights; the routers redrawn so tokens spread over the experts as a trained router's do "
         "(distinct experts of 4 tokens in the table's last column, estimated from layer 1's router); "
         "the TP-8 share of K2.5's drafter with its own head, no draft accepted (tokens/step 1.0). "
-        "Step in ms = (t(129 tokens) - t(1 token)) / steps, median of 5 interleaved rounds.",
+        "Step in ms = (t(129 tokens) - t(1 token)) / steps, median of 5 interleaved rounds; steps = "
+        "tokens - accepted drafts (each step gives one token and its accepted drafts).",
         "",
         f"| case | {head} | distinct experts, 4 tokens |",
         "|---|" + "---:|" * len(ctxs) + "---:|",
@@ -838,7 +845,43 @@ def _quant_section(runs: dict, summary: dict) -> list[str]:
             vals = {c: round(num[c] / den[c], 3) for c in ctxs if c in num and c in den}
             summary["quant_spec_over_plain"][fmt] = vals
             L.append(f"| {fmt} experts | " + " | ".join(str(vals.get(c, "-")) for c in ctxs) + " |")
+    # per output token: comparable whatever k each step had (the guard's steps mostly draft nothing)
+    per_token = {n: {int(c): _ms_per_output_token(v) for c, v in r["contexts"].items()} for n, r in q.items()}
+    L += [
+        "",
+        "Per output token (ms) = (t(129 tokens) - t(1 token)) / 128, the same medians; ratio against the "
+        "plain engine of the same expert format.",
+        "",
+        f"| case | {head} | {' | '.join(f'/ plain, {c // 1024}k' for c in ctxs)} |",
+        "|---|" + "---:|" * (2 * len(ctxs)),
+    ]
+    summary["quant_per_token_over_plain"] = {}
+    for n in sorted(q):
+        plain = per_token.get(f"q12-{n.split('-')[1]}-plain", {})
+        ratio = {c: round(per_token[n][c] / plain[c], 3) for c in ctxs if c in per_token[n] and plain.get(c)}
+        summary["quant_per_token_over_plain"][n] = ratio
+        L.append(
+            f"| {n} | "
+            + " | ".join(str(per_token[n].get(c, "-")) for c in ctxs)
+            + " | "
+            + " | ".join(str(ratio.get(c, "-")) for c in ctxs)
+            + " |"
+        )
     return L + [""]
+
+
+def _ms_per_step(context: dict) -> float:
+    """(median t(GEN tokens) - median t(1 token)) / engine steps, from a steps case's raw rounds."""
+    steps = max(1, context["tokens"] - context["spec"].get("accepted", 0))
+    return round(_ms_per_output_token(context) * context["tokens"] / steps, 3)
+
+
+def _ms_per_output_token(context: dict) -> float:
+    """(median t(GEN tokens) - median t(1 token)) / decode tokens, from a steps case's raw rounds."""
+    rounds = context["request_s"]
+    longer = next(k for k in rounds if k != "1")
+    span = statistics.median(rounds[longer]) - statistics.median(rounds["1"])
+    return round(1000 * span / context["tokens"], 3)
 
 
 def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, command: str = "") -> dict:
@@ -1267,15 +1310,16 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
     from vllm_k2_tools.procs import start_group
 
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("tiny", "gguf", "hostprof", "dgtiny", "dgbackend", "v16tiny", "load", "v16load"):
+    cases = suite(name, models)
+    if name == "gguf" or any(c.get("model") == str(models / "target") for c in cases):  # gguf: written from it
         from vllm_k2_tools.fixtures import build_fixture
 
         build_fixture("trained-text", str(models / "target"))
-    if name in ("load", "v16load"):
+    if any(c.get("spec", {}).get("model") == str(models / NEVER_ACCEPTED) for c in cases):
         write_never_accepted_drafter(models / NEVER_ACCEPTED)
     if name == "gguf":
         write_gguf_pair(models / "target", models / "gguf")
-    cases = [c for c in suite(name, models) if not only or c["name"] in only]
+    cases = [c for c in cases if not only or c["name"] in only]
     t_start = time.time()
     for g in range(0, len(cases), parallel):
         group = cases[g : g + parallel]

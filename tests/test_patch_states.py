@@ -59,6 +59,7 @@ WITH_SETTINGS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
                 "spec-guard-drafter-off",
                 "spec-guard-zero-draft-sampling",
                 "spec-guard-no-draft-rpc",
+                "spec-guard-decode-graphs",
                 "draft-prefill-as-decode",
             )
         }

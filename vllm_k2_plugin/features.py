@@ -23,6 +23,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.spec_guard.drafter_off",
     "vllm_k2_plugin.spec_guard.zero_draft_sampling",
     "vllm_k2_plugin.spec_guard.no_draft_rpc",
+    "vllm_k2_plugin.spec_guard.decode_graphs",
     "vllm_k2_plugin.async_spec.patch",
     "vllm_k2_plugin.draft_graph.patch",
     "vllm_k2_plugin.draft_graph.drafter_backend",
