@@ -1199,6 +1199,39 @@ def write_never_accepted_drafter(dest: Path) -> None:
     os.replace(str(path) + ".tmp", path)
 
 
+#: MLA-layout drafters for the tiny random target ``text`` (written at run time; suites mla / v16mla)
+MLA_DRAFTERS = {"draft-mla": 0.0, "draft-mla-attn": 0.02}
+
+
+def write_mla_drafter(target: Path, dest: Path, attention_out_std: float) -> None:
+    """lightseekorg's MLA drafter layout (vllm_k2_tools.fixtures, ``mla``) for ``target``, its
+    final norm and head the target's own rows: the layer passes the fc state through (output
+    projections zero), so it drafts "the target's last prediction, again". With
+    ``attention_out_std`` > 0 the attention's output projection is random (seeded) instead, so
+    the drafts also depend on the MLA attention's numbers."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from vllm_k2_tools.fixtures import build_draft
+
+    build_draft("mla", str(dest), str(target))
+    path = dest / "model.safetensors"
+    tensors = load_file(str(path))
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        keep = (tensors["d2t"] + torch.arange(len(tensors["d2t"]))).long()
+        tensors["norm.weight"] = f.get_tensor("model.norm.weight").to(tensors["norm.weight"].dtype)
+        tensors["lm_head.weight"] = f.get_tensor("lm_head.weight")[keep].to(tensors["lm_head.weight"].dtype)
+    if attention_out_std:
+        g = torch.Generator().manual_seed(0)
+        o = tensors["midlayer.self_attn.o_proj.weight"]
+        tensors["midlayer.self_attn.o_proj.weight"] = (torch.randn(o.shape, generator=g) * attention_out_std).to(
+            o.dtype
+        )
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path) + ".tmp", metadata={"format": "pt"})
+    os.replace(str(path) + ".tmp", path)
+
+
 #: GGUF types for the trained tiny target (hidden 256, experts 64 wide): K-quants need rows
 #: of 256, so only the experts' gate/up are Q4_K; everything else quantized is Q8_0.
 GGUF_TYPES = {  # first match wins
@@ -1317,6 +1350,13 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
         build_fixture("trained-text", str(models / "target"))
     if any(c.get("spec", {}).get("model") == str(models / NEVER_ACCEPTED) for c in cases):
         write_never_accepted_drafter(models / NEVER_ACCEPTED)
+    if any(c.get("model") == str(models / "text") for c in cases):
+        from vllm_k2_tools.fixtures import build_fixture
+
+        build_fixture("text", str(models / "text"))
+    for drafter, std in MLA_DRAFTERS.items():
+        if any(c.get("spec", {}).get("model") == str(models / drafter) for c in cases):
+            write_mla_drafter(models / "text", models / drafter, std)
     if name == "gguf":
         write_gguf_pair(models / "target", models / "gguf")
     cases = [c for c in cases if not only or c["name"] in only]

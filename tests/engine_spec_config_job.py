@@ -42,6 +42,12 @@ def load_draft(cfg):
         "lm_head_shape": list(model.lm_head.weight.shape),
         "has_own_embed_tokens": bool(getattr(model, "has_own_embed_tokens", True)),
         "param_names": sorted(params),
+        # float64 sums of what the loader put in each parameter (the test sets them beside the checkpoint's)
+        "param_sums": {n: float(p.detach().double().sum()) for n, p in params.items()},
+        # and of each parameter's first half of rows (a fused parameter: which shard went where)
+        "param_first_half_sums": {
+            n: float(p.detach().double()[: p.shape[0] // 2].sum()) for n, p in params.items() if p.dim() > 0
+        },
     }
 
 

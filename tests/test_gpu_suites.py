@@ -18,7 +18,16 @@ pytestmark = pytest.mark.vllm_independent
 NAMES = list(e2e._toml(e2e.SUITES.read_text()))
 REQUIRED = {"name", "model", "task", "backend", "graphs", "max_model_len", "gpu_memory_utilization", "kv_cache_bytes"}
 #: what `prepare` writes into the models folder, and what `run` builds there before a suite
-MODELS = {"target", "draft", "prompts.json", "load_prompts.json", "gguf", e2e.NEVER_ACCEPTED} | {
+MODELS = {
+    "target",
+    "draft",
+    "prompts.json",
+    "load_prompts.json",
+    "gguf",
+    e2e.NEVER_ACCEPTED,
+    "text",
+    *e2e.MLA_DRAFTERS,
+} | {
     "slice",
     "slice-draft",
     "slice-draft-kv1",

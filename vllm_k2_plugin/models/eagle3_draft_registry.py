@@ -51,3 +51,33 @@ def _lazy(cls_path: str):
 
     module, cls = cls_path.split(":")
     return _LazyRegisteredModel(module_name=module, class_name=cls)
+
+
+MLA_ARCHS = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+MLA_OURS = "vllm_k2_plugin.models.k2p_eagle3_mla_draft:Eagle3KimiK25MLAForCausalLM"
+
+
+def _upstream_builds_mla_drafters() -> bool:
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    return all(
+        name in ModelRegistry.get_supported_archs() and ModelRegistry.models[name].module_name.startswith("vllm.")
+        for name in MLA_ARCHS
+    )
+
+
+@REGISTRY.patch(
+    name="kimi-eagle3-mla-draft-class",
+    feature="eagle3",
+    target="vllm.model_executor.models.registry:ModelRegistry",
+    applies_to=">=0.16,<0.18",
+    why_range_ends="vLLM 0.18 ships its own class for these drafters (vLLM PR #36361)",
+    already_upstream=_upstream_builds_mla_drafters,
+    upstream="vllm-project/vllm#36361 (K2.5 MLA-based EAGLE-3, vLLM 0.18)",
+    why="vLLM 0.16 has no class for EAGLE-3 drafters with MLA attention (lightseekorg's Kimi MLA drafters)",
+    remove_when="the minimum supported vLLM is 0.18",
+)
+def _apply_mla(ctx: PatchContext) -> None:
+    registry = ctx.target()
+    for name in MLA_ARCHS:
+        ctx.replace_item(registry.models, name, _lazy(MLA_OURS))

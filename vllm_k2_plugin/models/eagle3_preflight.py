@@ -80,7 +80,8 @@ def check_drafter_class(draft_dir: str) -> None:
 
         raise DraftCheckError(
             f"{where}: field 'architectures' is ['{arch}'], an EAGLE-3 drafter with MLA attention; "
-            f"vLLM {__version__} has no class for it (vLLM builds it from 0.18 on). On this vLLM, "
+            f"vLLM {__version__} has no class for it (vLLM builds it from 0.18 on, the plugin on 0.16 and "
+            "0.17 unless its patch kimi-eagle3-mla-draft-class is disabled). On this vLLM, "
             "serve a Llama-style EAGLE-3 drafter (e.g. lightseekorg/kimi-k2.5-eagle3, "
             "AQ-MedAI/Kimi-K25-eagle3) or one trained with `vllm-k2 train`."
         )
