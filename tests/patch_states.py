@@ -18,6 +18,7 @@ GGUF_LEFT = "GGUF left vLLM's tree in 0.24"
 GGUF_MOE_LEFT = "vllm.model_executor.layers.quantization.gguf left vLLM in 0.24"
 NO_REBIND = "vLLM 0.34's Triton dispatcher has no _rebind_kernels"
 NO_BUILD_FOR_DRAFTING = "vLLM 0.34's TRITON_ATTN builder has no build_for_drafting"
+MLA_CLASS_UPSTREAM = "vLLM 0.18 ships its own class for these drafters"
 PCIE_OFF = "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
 
 
@@ -48,6 +49,7 @@ def _cpu_release(release: str) -> dict[str, tuple[str, str]]:
         "eagle3-target-allowlist": (NOT_APPLICABLE, _outside(release, ">=0.16,<0.18", "vLLM 0.18 dropped")),
         "eagle3-draft-preflight": (APPLIED, ""),
         "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "kimi-eagle3-mla-draft-class": (NOT_APPLICABLE, _outside(release, ">=0.16,<0.18", MLA_CLASS_UPSTREAM)),
         "gguf-deepseek-force-dequant": (NOT_APPLICABLE, _outside(release, ">=0.16,<0.24", GGUF_LEFT)),
         "gguf-skip-speculators-probe": (NOT_APPLICABLE, _outside(release, ">=0.16,<0.24", GGUF_LEFT)),
         "speculators-0.3-generator": (NOT_APPLICABLE, _outside(release, ">=0.16,<0.17", "speculators 0.3.0")),
@@ -84,6 +86,7 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "eagle3-target-allowlist": (APPLIED, ""),
         "eagle3-draft-preflight": (APPLIED, ""),
         "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "kimi-eagle3-mla-draft-class": (APPLIED, ""),
         "gguf-deepseek-force-dequant": (APPLIED, ""),
         "gguf-skip-speculators-probe": (APPLIED, ""),
         "speculators-0.3-generator": (APPLIED, ""),
@@ -134,6 +137,7 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "eagle3-target-allowlist": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.18", "vLLM 0.18 dropped")),
         "eagle3-draft-preflight": (APPLIED, ""),
         "kimi-k25-eagle3-draft-class": (APPLIED, ""),
+        "kimi-eagle3-mla-draft-class": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.18", MLA_CLASS_UPSTREAM)),
         "gguf-deepseek-force-dequant": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.24", GGUF_LEFT)),
         "gguf-skip-speculators-probe": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.24", GGUF_LEFT)),
         "speculators-0.3-generator": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.17", "speculators 0.3.0")),
