@@ -5,8 +5,8 @@ vLLM's own K2.5 recipe; ``Eagle3DeepseekV2ForCausalLM``), in the layout those ch
 * the drafter check names the layout;
 * vLLM 0.16 (which has no class for them; vLLM added one in 0.18): vLLM's config and loader build
   the plugin's class (``kimi-eagle3-mla-draft-class``) and every checkpoint tensor lands in its
-  parameter; with that patch disabled the check refuses the drafter naming the field, instead of
-  vLLM's list of every architecture it knows. 0.16's CPU engine cannot speculate, and runs
+  parameter; ``vllm-k2 eagle3 check`` names that class; with that patch disabled the check refuses
+  the drafter naming the field, instead of vLLM's list of every architecture it knows. 0.16's CPU engine cannot speculate, and runs
   DeepSeek attention without MLA (VLLM_MLA_DISABLE=1), so the class is built on that path here;
   the MLA path serves on GPUs (suite v16mla);
 * the latest engine (vLLM's own class) serves the layout with MLA on for target and drafter:
@@ -14,13 +14,17 @@ vLLM's own K2.5 recipe; ``Eagle3DeepseekV2ForCausalLM``), in the layout those ch
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from safetensors import safe_open
 
 from vllm_k2_plugin.models.eagle3_checks import TargetShape, check_draft
 from vllm_k2_tools.fixtures import build_draft
 
-from .conftest import SMALL_ENGINE, engine_env, run_engine_batch
+from .conftest import IS_016, SMALL_ENGINE, engine_env, run_engine_batch
 from .test_eagle3_spec import _config_jobs, _spec_job
 
 OURS = "vllm_k2_plugin.models.k2p_eagle3_mla_draft.Eagle3KimiK25MLAForCausalLM"
@@ -115,3 +119,31 @@ def test_latest_serves_the_layout_losslessly_with_mla(k25_model, mla_draft, tmp_
     metrics = runs["mla"]["metrics"]
     assert metrics["vllm:spec_decode_num_drafts"] > 0
     assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0, metrics
+
+
+def _cli_check(k25_model, draft, **env) -> tuple[int, dict | str]:
+    """``vllm-k2 eagle3 check`` as a user runs it (a fresh process: no engine has registered the
+    plugin there)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_k2_plugin.cli", "eagle3", "check", "--target", k25_model, "--draft", draft],
+        env=engine_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return out.returncode, (json.loads(out.stdout) if out.returncode == 0 else out.stderr)
+
+
+def test_the_cli_check_names_the_class_vllm_will_build(k25_model, mla_draft):
+    rc, out = _cli_check(k25_model, mla_draft)
+    assert rc == 0, out
+    if IS_016:
+        assert out["vllm_class"] == "vllm_k2_plugin.models.k2p_eagle3_mla_draft:Eagle3KimiK25MLAForCausalLM"
+    else:
+        assert out["vllm_class"].startswith("vllm.model_executor.models."), out["vllm_class"]
+
+
+@pytest.mark.vllm016
+def test_the_cli_check_refuses_without_the_plugins_class(k25_model, mla_draft):
+    rc, err = _cli_check(k25_model, mla_draft, VLLM_K2_DISABLE_PATCHES="kimi-eagle3-mla-draft-class")
+    assert rc == 1 and "field 'architectures'" in err and "from 0.18 on" in err, err

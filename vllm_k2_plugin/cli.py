@@ -91,11 +91,14 @@ def _eagle3_check(args: argparse.Namespace) -> int:
         print(f"FAIL {e}", file=sys.stderr)
         return 1
     out = {k: v for k, v in vars(summary).items() if k != "weights"}
-    if summary.layout == "mla":  # MLA drafters: only vLLM releases with their class can serve them
+    if summary.layout == "mla":  # MLA drafters: vLLM from 0.18, the plugin's class on 0.16 / 0.17
         try:
-            from .models.eagle3_preflight import check_drafter_class
+            from . import register
+            from .models.eagle3_preflight import check_drafter_class, drafter_class
 
+            register()  # what a vLLM engine here would have: the plugin's classes, as the settings allow
             check_drafter_class(args.draft)
+            out["vllm_class"] = drafter_class(summary.architecture)
         except DraftCheckError as e:
             print(f"FAIL {e}", file=sys.stderr)
             return 1

@@ -70,6 +70,14 @@ def vllm_builds(arch: str) -> bool:
     return arch in ModelRegistry.get_supported_archs()
 
 
+def drafter_class(arch: str) -> str:
+    """module:Class that vLLM's registry builds for this drafter architecture."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    entry = ModelRegistry.models[arch]
+    return f"{entry.module_name}:{entry.class_name}"
+
+
 def check_drafter_class(draft_dir: str) -> None:
     """An MLA drafter on a vLLM without a class for it: say so, naming the field, instead of
     vLLM's list of every architecture it supports."""
