@@ -6,9 +6,9 @@ vLLM's own K2.5 recipe; ``Eagle3DeepseekV2ForCausalLM``), in the layout those ch
 * vLLM 0.16 (which has no class for them; vLLM added one in 0.18): vLLM's config and loader build
   the plugin's class (``kimi-eagle3-mla-draft-class``) and every checkpoint tensor lands in its
   parameter; ``vllm-k2 eagle3 check`` names that class; with that patch disabled the check refuses
-  the drafter naming the field, instead of vLLM's list of every architecture it knows. 0.16's CPU engine cannot speculate, and runs
-  DeepSeek attention without MLA (VLLM_MLA_DISABLE=1), so the class is built on that path here;
-  the MLA path serves on GPUs (suite v16mla);
+  the drafter naming the field, instead of vLLM's list of every architecture it knows. 0.16's
+  CPU engine cannot speculate, and runs DeepSeek attention without MLA (VLLM_MLA_DISABLE=1), so
+  the class is built on that path here; the MLA path is for GPUs (suite v16mla, not run yet);
 * the latest engine (vLLM's own class) serves the layout with MLA on for target and drafter:
   greedy output with speculation equals output without it, and drafts are accepted."""
 
