@@ -140,3 +140,16 @@ def test_a_failed_capture_of_ours_leaves_vllms_graphs_serving(patched, monkeypat
     assert graphs._graphs(runner) is None and not (_full_keys(runner) & ours)
     assert graphs.dispatch_one_token_step(runner, 3)[0] != CUDAGraphMode.FULL
     assert runner.uniform_decode_query_len == 1 + K
+
+
+def test_a_dispatcher_this_was_not_written_for_keeps_vllms_keys(patched, monkeypatch):
+    """If planning our keys fails (a release whose dispatcher differs), vLLM's keys stand and
+    the engine starts."""
+    from vllm.config import CUDAGraphMode
+
+    graphs = patched
+    monkeypatch.setattr(graphs, "SMALL_SIZES", None)  # planning now raises inside the wrapper
+    runner = graphs.stand_in_runner(num_spec_tokens=K)
+    assert graphs._graphs(runner) is None
+    assert all(key.num_reqs * (1 + K) == key.num_tokens for key in _full_keys(runner))
+    assert graphs.dispatch_one_token_step(runner, 3)[0] != CUDAGraphMode.FULL
