@@ -143,7 +143,7 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
     from vllm_k2_tools.fixtures import build_fixture
     from vllm_k2_tools.fixtures import trained_target as tt
     from vllm_k2_tools.train.draft_model import DraftConfig
-    from vllm_k2_tools.train.export import export_config
+    from vllm_k2_tools.train.export import export_config, mla_layer_config
 
     dest.mkdir(parents=True, exist_ok=True)
     cfg = slice_config()
@@ -185,6 +185,20 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
             k=3,
         ),
     )
+    mla_draft = dataclasses.replace(
+        draft,
+        attention="mla",
+        **{k: cfg[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+        rope_theta=cfg["rope_theta"],
+        rope_scaling=cfg["rope_scaling"],  # K2.5's YaRN, as the MLA drafters take the target's RoPE
+        max_position_embeddings=cfg["max_position_embeddings"],
+    )
+    # the MLA drafter (lightseekorg's layout, vLLM's own K2.5 recipe) at the same TP-8 share as
+    # slice-draft-tp8: the slice's 8 MLA heads (K2.5's 64 / 8), a draft vocab of 32,000 / 8
+    fileio.write_json(
+        str(dest / "slice-draft-mla-tp8" / "config.json"),
+        mla_layer_config(dataclasses.replace(mla_draft, draft_vocab_size=32_000 // 8), "bfloat16"),
+    )
     # the same slice with W4A16 routed experts (the official checkpoint's format); same drafters
     fileio.write_json(str(dest / "slice-w4a16" / "config.json"), {**cfg, "quantization_config": W4A16_EXPERTS})
     # half the layers: with the 12-layer slice, step time = fixed + per-layer x layers can be
@@ -219,6 +233,15 @@ def prepare(dest: Path, trained_draft: Path | None) -> None:
             str(dest / "slice24"),
             "bfloat16",
             k=3,
+        ),
+    )
+    fileio.write_json(
+        str(dest / "slice24-draft-mla-tp8" / "config.json"),
+        mla_layer_config(
+            dataclasses.replace(
+                mla_draft, draft_vocab_size=32_000 // 8, aux_layer_ids=[2, DEEP_LAYERS // 2, DEEP_LAYERS - 3]
+            ),
+            "bfloat16",
         ),
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -793,6 +816,10 @@ GREEDY_PAIRS = [
     ("gguf-q4k-kept-stockmoe", "gguf-q4k-experts-kept"),
     ("gguf-q4k-experts-kept", "gguf-q4k-kept-eagle3-k3"),
     ("gguf-q4k-kept-stockmoe", "gguf-q4k-kept-stockmoe-eagle3-k3"),
+    ("v16-mla-plain", "v16-mla-eagle3-k3-passthrough"),
+    ("v16-mla-plain", "v16-mla-eagle3-k3-attention"),
+    ("mla-plain", "mla-eagle3-k3-passthrough"),
+    ("mla-plain", "mla-eagle3-k3-attention"),
 ]
 
 
@@ -870,6 +897,115 @@ def _quant_section(runs: dict, summary: dict) -> list[str]:
     return L + [""]
 
 
+def _mla_section(runs: dict, summary: dict) -> list[str]:
+    """Suites mla / v16mla (the tiny pair with MLA drafters: greedy identity, acceptance) and
+    deepmla / v16deepmla (the 24-layer slice: the MLA drafter's step against the Llama-style one's)."""
+    L = []
+    tiny = {n: r for n, r in runs.items() if n.removeprefix("v16-").startswith("mla-") and "spec" in r}
+    if tiny:
+        L += [
+            "## MLA drafters on the tiny random target (suite `mla` / `v16mla`)",
+            "",
+            "lightseekorg's MLA layout written for the tiny target (`write_mla_drafter`): `passthrough` drafts the "
+            "target's last prediction again (output projections zero), `attention` has a random attention output "
+            "projection, so its drafts also go through the MLA attention. Greedy, 12 prompts x 64 tokens batched; "
+            "acceptance from the single-stream run (256 tokens).",
+            "",
+            "| case | drafter attention | greedy tokens vs plain (divergences: prompt:token, top-1 margins) | "
+            "tok/s | acceptance per position | tau |",
+            "|---|---|---|---:|---|---:|",
+        ]
+        for n in sorted(tiny):
+            r = tiny[n]
+            sp = r["spec"]
+            plain = "v16-mla-plain" if n.startswith("v16-") else "mla-plain"
+            g = summary["greedy"].get(f"{plain} vs {n}")
+            acc = [round(x / sp["drafts"], 3) for x in sp["per_pos"]] if sp["drafts"] else []
+            tau_ = round(1 + sp["accepted"] / sp["drafts"], 3) if sp["drafts"] else "-"
+            L.append(
+                f"| {n} | {', '.join(r.get('drafter_attention') or []) or '-'} | "
+                f"{_fmt_div(g) if g else '-'} | {r['single_stream']['tok_s']} | {acc or '-'} | {tau_} |"
+            )
+        L.append("")
+    deep = {n: r for n, r in runs.items() if "deepmla-" in n and "contexts" in r}
+    if deep:
+        ctxs = sorted({int(c) for r in deep.values() for c in r["contexts"]})
+        head = " | ".join(f"{c // 1024}k" for c in ctxs)
+        step = {n: {int(c): _ms_per_step(v) for c, v in r["contexts"].items()} for n, r in deep.items()}
+        L += [
+            "## MLA drafter vs Llama-style drafter: the 24-layer slice (suite `deepmla` / `v16deepmla`)",
+            "",
+            "Dummy weights, routers spread over the experts, one engine at a time; both drafters at K2.5's TP-8 "
+            "share with their own head (draft vocabulary 32,000 / 8): the Llama-style layer with 8 query and 1 KV "
+            "heads, the MLA layer with 8 MLA heads and K2.5's MLA dims and RoPE. No draft accepted. Step in ms = "
+            "(t(129 tokens) - t(1 token)) / steps, median of 5 rounds.",
+            "",
+            f"| case | {head} | {' | '.join(f'/ plain, {c // 1024}k' for c in ctxs)} | draft-step CUDA graph | "
+            "drafter attention |",
+            "|---|" + "---:|" * (2 * len(ctxs)) + "---|---|",
+        ]
+        summary["deepmla_spec_over_plain"] = {}
+        for n in sorted(deep):
+            plain = next((m for m in deep if m.endswith("-plain") and m.startswith(n.split("deepmla-")[0])), None)
+            ratio = {
+                c: round(step[n][c] / step[plain][c], 3) for c in ctxs if plain and c in step[n] and c in step[plain]
+            }
+            summary["deepmla_spec_over_plain"][n] = ratio
+            dg = deep[n].get("draft_graphs") or {}
+            L.append(
+                f"| {n} | "
+                + " | ".join(str(step[n].get(c, "-")) for c in ctxs)
+                + " | "
+                + " | ".join(str(ratio.get(c, "-")) for c in ctxs)
+                + f" | {'sizes ' + str(dg['captured']) if dg.get('captured') else ('none' if dg else '-')} | "
+                f"{', '.join(deep[n].get('drafter_attention') or []) or '-'} |"
+            )
+        L.append("")
+    return L
+
+
+def _k0_host_section(runs: dict, summary: dict) -> list[str]:
+    """Suite v16k0prof: a plain engine's step against a speculative engine's step at k = 0 (the
+    guard, drafts never accepted), with the host functions that account for the difference."""
+    hp = {n: r for n, r in runs.items() if "k0prof-" in n and "host" in r}
+    pairs = [(n, n.replace("-eagle3-k3-never-guard", "-plain")) for n in sorted(hp) if "-never-guard" in n]
+    pairs = [(g, p) for g, p in pairs if p in hp]
+    if not pairs:
+        return []
+    L = [
+        "## Host time of a speculative engine's steps without drafts (suite `v16k0prof`)",
+        "",
+        "The tiny trained target, one request, 128 tokens; in-process engine with CUDA graphs. The guard case "
+        "has a drafter whose drafts are never accepted, so after its warm-up nearly every step drafts nothing "
+        "(k = 0). Wall ms/step is measured without the profiler (128 tokens / steps); the host functions are "
+        "cProfile's per engine step (profiled, so slower), listed by how much more time the guard engine's step "
+        "spends in them than the plain engine's step of the same scheduling mode.",
+        "",
+        "| guard case | plain case | guard ms/step | plain ms/step | difference |",
+        "|---|---|---:|---:|---:|",
+    ]
+    summary["k0_host"] = {}
+    for g, p in pairs:
+        a, b = hp[g]["wall_ms_per_step"], hp[p]["wall_ms_per_step"]
+        summary["k0_host"][g] = {"ms_per_step": a, "plain_ms_per_step": b, "extra_ms": round(a - b, 3)}
+        L.append(f"| {g} | {p} | {a} | {b} | +{a - b:.3f} |")
+    for g, p in pairs:
+        for key, field, what in (("by_own", "own_ms", "own time"), ("by_inclusive", "incl_ms", "inclusive time")):
+            mine = {r["fn"]: r for r in hp[g]["host"][key]}
+            theirs = {r["fn"]: r for r in hp[p]["host"][key]}
+            extra = sorted(
+                ((mine.get(f, {}).get(field, 0) - theirs.get(f, {}).get(field, 0), f) for f in set(mine) | set(theirs)),
+                reverse=True,
+            )[:10]
+            L += ["", f"{g} vs {p}, {what} (ms per step; calls per step plain -> guard):", ""]
+            L += [
+                f"- +{d:.3f} `{f.split('site-packages/')[-1][-90:]}` "
+                f"({theirs.get(f, {}).get('calls', 0)} -> {mine.get(f, {}).get('calls', 0)})"
+                for d, f in extra
+            ]
+    return L + [""]
+
+
 def _ms_per_step(context: dict) -> float:
     """(median t(GEN tokens) - median t(1 token)) / engine steps, from a steps case's raw rounds."""
     steps = max(1, context["tokens"] - context["spec"].get("accepted", 0))
@@ -895,12 +1031,14 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
         runs[r["case"]["name"]] = r
     dates = sorted(r["date"] for r in runs.values())
     release = ".".join(sorted({r.get("vllm", "0.20") for r in runs.values()})[-1].split(".")[:2])
+    routes = " / ".join(sorted({r.get("engine_route") or "vLLM 0.20.0 from the bundle" for r in runs.values()}))
     L = [
         f"# vLLM {release} GPU engine on the {_device(runs)}: our MLA backend and EAGLE-3",
         "",
         f"Written by `python benchmarks/gpu_engine_e2e.py report` from `raw/` (one file per case, written by "
         f"the case that measured it, command and date inside; cases ran {dates[0]} .. {dates[-1]}). "
-        "Every case is its own engine: vLLM 0.20.0 from the bundle, bf16, `max_num_seqs=4`, CUDA graphs with "
+        f"Every case is its own engine: {routes}, "
+        "bf16, `max_num_seqs=4`, CUDA graphs with "
         "`compilation_config={'backend': 'eager'}` (Dynamo + vLLM's piecewise/full graphs, no Inductor, to keep "
         "engine starts short), engines of a group built side by side and measured one at a time. "
         "'stock' = `VLLM_K2_DISABLE_PATCHES=triton-mla-k2-decode`.",
@@ -1055,7 +1193,9 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
                 "",
             ]
     L += _quant_section(runs, summary)
-    prof = {n: r["profile"] for n, r in runs.items() if "profile" in r}
+    L += _mla_section(runs, summary)
+    L += _k0_host_section(runs, summary)
+    prof = {n: r["profile"] for n, r in runs.items() if "profile" in r and "k0prof-" not in n}
     if prof:
         summary["profile"] = prof
         L += [

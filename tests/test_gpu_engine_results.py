@@ -56,3 +56,22 @@ def test_stock_cases_turn_off_every_gpu_patch_and_only_those():
         assert (p.name in off) != (p.feature in MODEL_SUPPORT_FEATURES), (p.name, p.feature)
     ours = e2e.case_env({"backend": "ours", "task": "steps", "graphs": False, "disable": ["x"]}, "/nonexistent", 1)
     assert ours["VLLM_K2_DISABLE_PATCHES"] == "x"
+
+
+#: other results written by this report (raw/ beside README.md and summary.json)
+REPORT_DIRS = sorted(
+    p.parent
+    for sub in ("mla_drafter_gpu", "spec_guard_gpu")
+    for p in (REPO / "benchmarks" / "results" / sub).glob("*/raw")
+)
+
+
+def test_other_committed_reports_are_the_reports_output(tmp_path):
+    assert REPORT_DIRS, "no committed report directories found"
+    for d in REPORT_DIRS:
+        e2e.report([d / "raw"], tmp_path / d.name)
+        assert json.loads((tmp_path / d.name / "summary.json").read_text()) == json.loads(
+            (d / "summary.json").read_text()
+        ), d
+        committed = (d / "README.md").read_text()
+        assert (tmp_path / d.name / "README.md").read_text().rstrip() == committed.split("Report command:")[0].rstrip()

@@ -32,11 +32,13 @@ MODELS = {
     "slice-draft",
     "slice-draft-kv1",
     "slice-draft-tp8",
+    "slice-draft-mla-tp8",
     "slice-w4a16",
     "slice6",
     "slice6-draft",
     "slice24",
     "slice24-draft-tp8",
+    "slice24-draft-mla-tp8",
 }
 
 

@@ -51,6 +51,22 @@ def simulate(
     return tokens / ms
 
 
+def test_acceptance_is_over_the_last_window_of_drafting_steps():
+    """Steps leave the window as new ones enter (the sums are kept, not recounted)."""
+    guard = SpecGuard(max_k=3, window=4)
+    rng = random.Random(1)
+    steps = []
+    for _ in range(11):
+        drafted = [rng.randrange(1, 5) for _ in range(3)]
+        accepted = [rng.randrange(0, d + 1) for d in drafted]
+        guard.observe_drafts(drafted, accepted)
+        steps.append((drafted, accepted))
+    guard.observe_drafts([0, 0, 0], [0, 0, 0])  # a step that drafted nothing is not a window entry
+    last = steps[-4:]
+    want = [sum(a[i] for _, a in last) / sum(d[i] for d, _ in last) for i in range(3)]
+    assert guard.acceptance() == pytest.approx(want)
+
+
 def test_turns_speculation_off_when_nothing_is_accepted():
     guard = SpecGuard(3)
     rate = simulate(guard, 0.0, lambda k: 10 + 1.2 * k)

@@ -122,14 +122,12 @@ def _heldout_prompts(work: Path, target: str) -> list[str]:
     return [tok.apply_chat_template(c[:-1], tokenize=False, add_generation_prompt=True) for c in chats]
 
 
-@pytest.mark.vllm_latest
-def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
-    work = pipeline["work"]
-    offline = json.loads((work / "eval" / "eval.json").read_text())
-    prompts = _heldout_prompts(work, pipeline["target"])
+def _serve_heldout(pipeline, drafter: Path, out: Path, env: dict, **spec) -> dict:
+    """The held-out prompts' greedy decoding with EAGLE-3 k = 3 and that drafter, vLLM's
+    metrics read (a fixed k: the speculation guard could pick another)."""
     job = {
         "model": pipeline["target"],
-        "prompts": prompts,
+        "prompts": _heldout_prompts(pipeline["work"], pipeline["target"]),
         "max_tokens": 96,
         "logprobs": None,
         "metrics": True,
@@ -137,13 +135,17 @@ def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
             SMALL_ENGINE,
             disable_log_stats=False,
             max_num_seqs=8,
-            speculative_config={"method": "eagle3", "model": str(work / "export"), "num_speculative_tokens": 3},
+            speculative_config={"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, **spec},
         ),
     }
-    # the drafter is measured at a fixed k=3 (the speculation guard could pick another k)
-    r = run_engine_job(
-        tmp_path / "serve", job, engine_env(VLLM_MLA_DISABLE="1", VLLM_K2_SPEC_GUARD="0"), timeout=900, in_process=True
-    )
+    return run_engine_job(out, job, engine_env(VLLM_K2_SPEC_GUARD="0", **env), timeout=900, in_process=True)
+
+
+@pytest.mark.vllm_latest
+def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
+    work = pipeline["work"]
+    offline = json.loads((work / "eval" / "eval.json").read_text())
+    r = _serve_heldout(pipeline, work / "export", tmp_path / "serve", {"VLLM_MLA_DISABLE": "1"})
     assert r["ok"], r.get("traceback") or r["log"][-4000:]
     m = r["metrics"]
     drafts, accepted = m["vllm:spec_decode_num_drafts"], m["vllm:spec_decode_num_accepted_tokens"]
@@ -162,4 +164,73 @@ def test_exported_drafter_serves_with_eagle3_on_latest(pipeline, tmp_path):
     (pipeline["root"] / "serve-latest.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     assert tau_vllm >= TAU3_VLLM_FLOOR, result
+    assert abs(served["tau"] - tau_vllm) / tau_vllm <= AGREEMENT, result
+
+
+@pytest.fixture(scope="module")
+def mla_run(pipeline):
+    """The same run's data and vocabulary, a drafter with MLA attention (lightseekorg's layout):
+    the stage commands a recipe with ``[train] draft = {attention = "mla"}`` runs, in the 0.16 venv
+    (train with the recipe's own [train] settings, export in its default layout, offline eval)."""
+    from vllm_k2_tools.train.recipe import load_recipe, torchrun_command
+
+    root, work, model = pipeline["root"], pipeline["work"], pipeline["target"]
+    out = root / "mla"
+    if not (out / "eval" / "eval.json").exists():
+        tr = dict(load_recipe(str(root / "recipe.toml"))["train"])
+        tr.pop("nproc", None)
+        draft = {**(tr.pop("draft", None) or {}), "attention": "mla"}
+        python = sys.executable if IS_016 else _python_016()
+        train = torchrun_command(
+            model,
+            {"extract": str(work / "extract"), "vocab": str(work / "vocab"), "train": str(out / "train")},
+            tr,
+            draft,
+            1,
+        )
+        cli = [python, "-m", "vllm_k2_plugin.cli", "train"]
+        for cmd in (
+            [python, *train[1:]],
+            [*cli, "export", "--run", str(out / "train"), "--target", model, "--out", str(out / "export")],
+            [*cli, "eval", "--draft", str(out / "export"), "--target", model]
+            + ["--extracted", str(work / "extract_eval"), "--out", str(out / "eval")],
+        ):
+            r = subprocess.run(cmd, env=engine_env(OMP_NUM_THREADS="2"), capture_output=True, text=True, timeout=1800)
+            assert r.returncode == 0, (cmd[3:6], r.stdout[-2000:] + r.stderr[-4000:])
+    return {"dir": out, "eval": json.loads((out / "eval" / "eval.json").read_text())}
+
+
+@pytest.mark.vllm016
+def test_an_mla_drafter_trains_on_the_same_data_as_well(pipeline, mla_run):
+    """The MLA drafter of the same recipe (same data, settings and vocabulary) reaches the
+    Llama-layer drafter's offline tau(3) within 5 %, and exports in the MLA layout."""
+    cfg = json.loads((mla_run["dir"] / "export" / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"], cfg["architectures"]
+    metrics = [json.loads(x) for x in (mla_run["dir"] / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"], (metrics[0], metrics[-1])
+    llama = json.loads((pipeline["work"] / "eval" / "eval.json").read_text())
+    tau_mla, tau_llama = mla_run["eval"]["tau"]["3"], llama["tau"]["3"]
+    (pipeline["root"] / "mla-vs-llama.json").write_text(json.dumps({"tau3_mla": tau_mla, "tau3_llama": tau_llama}))
+    assert tau_mla >= 0.95 * tau_llama, (tau_mla, tau_llama)
+
+
+@pytest.mark.vllm_latest
+def test_the_trained_mla_drafter_drafts_in_vllm_as_trained(pipeline, mla_run, tmp_path):
+    """vLLM's own MLA drafter class serves the export (MLA on, target and drafter) with the
+    acceptance the offline eval predicts for greedy decoding's draft positions: the trainer's
+    MLA layer computes what vLLM's does."""
+    # the drafter's MLA on the reference CPU MLA, as the target's (where the engine picks one)
+    backend = {"attention_backend": SMALL_ENGINE["attention_backend"]} if "attention_backend" in SMALL_ENGINE else {}
+    r = _serve_heldout(pipeline, mla_run["dir"] / "export", tmp_path / "serve", {}, **backend)
+    assert r["ok"], r.get("traceback") or r["log"][-4000:]
+    assert "Eagle3DeepseekV2ForCausalLM" in r["log"]
+    m = r["metrics"]
+    tau_vllm = 1 + m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_drafts"]
+    served = mla_run["eval"]["served"]["3"]
+    result = {
+        "tau_vllm": tau_vllm,
+        "tau_offline_served": served["tau"],
+        "drafts_vllm": m["vllm:spec_decode_num_drafts"],
+    }
+    (pipeline["root"] / "serve-latest-mla.json").write_text(json.dumps(result, indent=1))
     assert abs(served["tau"] - tau_vllm) / tau_vllm <= AGREEMENT, result

@@ -237,27 +237,51 @@ def test_train_refuses_a_corrupted_shard(synthetic, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("layout", ["speculators", "legacy"])
+def _trained_run(synthetic, attention: str):
+    """A 2-step training run of a drafter with that attention (shared by the export tests)."""
+    run = synthetic["root"] / ("run-ref" if attention == "llama" else f"run-{attention}")
+    if not (run / "checkpoints" / "latest.json").exists():
+        cmd = _train_cmd(synthetic, run, steps=2)
+        if attention != "llama":
+            cmd += ["--draft-overrides", json.dumps({"attention": attention})]
+        subprocess.run(cmd, check=True, env=_env(), capture_output=True)
+    return run
+
+
+@pytest.mark.parametrize("layout", ["speculators", "legacy", "mla"])
 def test_export_round_trip(synthetic, layout, tmp_path):
     from safetensors.torch import load_file
 
     from vllm_k2_tools.train.export import export, load_export
     from vllm_k2_tools.train.trainer import latest_weights
 
-    run = synthetic["root"] / "run-ref"
-    if not (run / "checkpoints" / "latest.json").exists():
-        subprocess.run(_train_cmd(synthetic, run, steps=2), check=True, env=_env(), capture_output=True)
+    run = _trained_run(synthetic, "mla" if layout == "mla" else "llama")
     ck, state = latest_weights(str(run))
-    info = export(ck, state, synthetic["target"], str(tmp_path / "draft"), layout=layout)
+    # the MLA drafter's layout is the default for it (no layout named)
+    info = export(ck, state, synthetic["target"], str(tmp_path / "draft"), layout=None if layout == "mla" else layout)
     cfg = json.load(open(tmp_path / "draft" / "config.json"))
     w = load_file(str(tmp_path / "draft" / "model.safetensors"))
     assert not any("embed" in k for k in w)
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and cfg["draft_vocab_size"] == 768
     prefix = "layers.0." if layout == "speculators" else "midlayer."
     assert any(k.startswith(prefix) for k in w) and info["layout"] == layout
+    if layout == "mla":  # lightseekorg's layout: vLLM's (and the plugin's) MLA drafter class
+        assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["kv_lora_rank"] == 512
+        assert "midlayer.self_attn.kv_a_proj_with_mqa.weight" in w and "midlayer.self_attn.q_proj.weight" not in w
     src = load_file(ck)
     back = load_export(str(tmp_path / "draft"), synthetic["target"]).exported_state_dict()
+    assert set(back) == set(src)
     assert all(torch.equal(back[k].to(src[k].dtype), src[k]) for k in src)
+
+
+def test_export_refuses_a_layout_the_drafter_cannot_take(synthetic, tmp_path):
+    from vllm_k2_tools.train.export import export
+    from vllm_k2_tools.train.trainer import latest_weights
+
+    ck, state = latest_weights(str(_trained_run(synthetic, "mla")))
+    with pytest.raises(ValueError, match="export layout 'speculators' cannot hold a drafter with 'mla' attention"):
+        export(ck, state, synthetic["target"], str(tmp_path / "draft"), layout="speculators")
+    assert not (tmp_path / "draft").exists()
 
 
 def test_torchrun_two_ranks_equal_one_rank_with_accumulation(synthetic):

@@ -339,6 +339,7 @@ model = "target"
 [prepare]
 data = ["train.jsonl"]
 max_len = 448
+regenerate = false
 [extract]
 batch_size = 4
 max_model_len = 512

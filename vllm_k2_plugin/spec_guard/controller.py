@@ -77,6 +77,9 @@ class SpecGuard:
         self.fast_margin, self.fast_patience = fast_margin, fast_patience
         #: (drafted, accepted) per position of the last ``window`` steps that drafted
         self._accept: deque[tuple[list[int], list[int]]] = deque(maxlen=window)
+        # their sums per position, kept as steps enter and leave the window: acceptance() is
+        # read several times per engine step (a k = 0 step's host time is what the guard saves)
+        self._drafted_sum, self._accepted_sum = [0] * max_k, [0] * max_k
         self._buckets: dict[int, _Bucket] = {}
         self.decisions: list[Decision] = []
 
@@ -110,17 +113,21 @@ class SpecGuard:
         """vLLM's acceptance counts of one step: for each draft position, how many requests
         drafted it and how many had it (and every earlier one) accepted."""
         if any(drafted_per_position):
-            self._accept.append((list(drafted_per_position), list(accepted_per_position)))
+            if len(self._accept) == self._accept.maxlen:
+                self._add(*self._accept[0], sign=-1)
+            entry = (list(drafted_per_position), list(accepted_per_position))
+            self._accept.append(entry)
+            self._add(*entry, sign=1)
+
+    def _add(self, drafted: list[int], accepted: list[int], sign: int) -> None:
+        for i in range(min(self.max_k, len(drafted))):
+            self._drafted_sum[i] += sign * drafted[i]
+            self._accepted_sum[i] += sign * accepted[i]
 
     # -- the model -----------------------------------------------------------------
     def acceptance(self) -> list[float]:
         """Per position over the window: accepted through it / drafted (0 if never drafted)."""
-        drafted, accepted = [0] * self.max_k, [0] * self.max_k
-        for d, a in self._accept:
-            for i in range(min(self.max_k, len(d))):
-                drafted[i] += d[i]
-                accepted[i] += a[i]
-        return [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
+        return [a / d if d else 0.0 for a, d in zip(self._accepted_sum, self._drafted_sum, strict=True)]
 
     def expected_tokens(self, k: int) -> float:
         return 1.0 + sum(self.acceptance()[:k])
@@ -151,8 +158,7 @@ class SpecGuard:
     def _probe_below_full_k(self, b: _Bucket) -> int:
         """Full k, unless position 1's acceptance bounds every k below the current one's
         rate (then k = 1: the cheapest probe that refreshes that bound)."""
-        drafted = sum(d[0] for d, _ in self._accept if d)
-        if self.max_k == 1 or not drafted:
+        if self.max_k == 1 or not self._drafted_sum[0]:
             return self.max_k
         first = self.acceptance()[0]
         bound = self._rates(b, lambda k: 1.0 + k * first)

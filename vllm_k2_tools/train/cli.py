@@ -176,11 +176,18 @@ def add_train_parser(sub) -> None:
     tr.add_argument("--poll-seconds", type=float, default=1.0, help="with --stream: how often the spool is read")
     tr.set_defaults(func=_train)
 
+    from .config import EXPORT_LAYOUTS
+
     e = ts.add_parser("export", help="checkpoint -> drafter directory vLLM serves (validated)")
     e.add_argument("--run", required=True, help="output dir of `train`")
     e.add_argument("--target", required=True)
     e.add_argument("--out", required=True)
-    e.add_argument("--layout", choices=["speculators", "legacy"], default="speculators")
+    e.add_argument(
+        "--layout",
+        choices=list(EXPORT_LAYOUTS),
+        default=None,
+        help="default: speculators for a Llama-layer drafter, mla for an MLA drafter (its only layout)",
+    )
     e.add_argument("--dtype", help="default: the target's torch_dtype")
     e.add_argument("--k", type=int, default=3, help="speculative tokens recorded in the speculators config")
     e.set_defaults(func=_export)

@@ -7,6 +7,9 @@ import argparse
 from dataclasses import dataclass
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: the layouts an export can be written in, per draft attention; the first is the default
+EXPORT_LAYOUTS_BY_ATTENTION = {"llama": ("speculators", "legacy"), "mla": ("mla",)}
+EXPORT_LAYOUTS = tuple(x for layouts in EXPORT_LAYOUTS_BY_ATTENTION.values() for x in layouts)
 
 
 def parse_bool(text: str) -> bool:

@@ -13,6 +13,11 @@ With ``num_hidden_layers`` > 1, layers 1.. are plain pre-norm Llama layers over 
 (vLLM's later EAGLE-3 layers: hidden-size qkv input, no embedding), each with its own
 attention cache; h_pre is the last layer's output.
 
+With ``attention = "mla"`` the layer's attention is DeepSeek MLA over the same 2H input, as
+vLLM's ``Eagle3DeepseekV2ForCausalLM`` (and the plugin's class on 0.16) run it: the layout
+of lightseekorg's Kimi MLA drafters (one layer; the target's MLA dims; interleaved RoPE
+over the rope dims).
+
 Parameter names are the legacy EAGLE-3 checkpoint names (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``), so export is a rename-free save. The target's embedding and LM head are
 frozen buffers: they are never exported (vLLM shares the target's embedding), and the
@@ -21,10 +26,13 @@ LM head rows of the draft vocabulary provide the distillation targets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
+
+ATTENTIONS = ("llama", "mla")
 
 
 @dataclass
@@ -43,10 +51,28 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     norm_before_residual: bool = False
     num_hidden_layers: int = 1
+    attention: str = "llama"  # "llama" (q/k/v projections) or "mla" (DeepSeek MLA, the fields below)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: dict | None = None  # mla: the target's (DeepSeek YaRN for K2.5), as its layers run RoPE
 
     def __post_init__(self):
         if self.num_hidden_layers < 1:
             raise ValueError(f"DraftConfig.num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"DraftConfig.attention must be one of {ATTENTIONS}, not {self.attention!r}")
+        if self.attention == "mla":
+            dims = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+            bad = [f"{d}={getattr(self, d)}" for d in dims if getattr(self, d) < 1]
+            if bad:
+                raise ValueError(f"DraftConfig: attention 'mla' needs positive {', '.join(bad)}")
+            if self.qk_rope_head_dim % 2:
+                raise ValueError(f"DraftConfig.qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+            if self.num_hidden_layers != 1:  # the published MLA layout has one layer
+                raise ValueError("DraftConfig: attention 'mla' is one draft layer (num_hidden_layers = 1)")
         if not self.aux_layer_ids:
             raise ValueError("DraftConfig.aux_layer_ids: the target layers the drafter reads must be explicit")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -130,6 +156,83 @@ class DraftAttention(nn.Module):
         cache.append((k, v))
         out = ttt_attention(q, cache, cfg.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DraftMLAAttention(nn.Module):
+    """DeepSeek MLA attention of one TTT step, computed the expanded way (per-head keys and
+    values from the normed latent through kv_b_proj; one RoPE key shared by all heads), the
+    same function vLLM's absorbed MLA decode computes. Values are zero-padded to the query
+    head size so the fused TTT attention (equal head sizes) serves both layouts."""
+
+    def __init__(self, cfg: DraftConfig, in_size: int):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.cfg = cfg
+        heads, qk = cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(in_size, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = LlamaRMSNorm(cfg.q_lora_rank, eps=cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, heads * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(in_size, heads * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(in_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = LlamaRMSNorm(cfg.kv_lora_rank, eps=cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * cfg.v_head_dim, cfg.hidden_size, bias=False)
+        self.scale = qk**-0.5
+        rs = cfg.rope_scaling or {}
+        if rs.get("mscale_all_dim"):  # DeepSeek YaRN: the softmax scale grows with the context factor
+            self.scale *= yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2
+
+    def forward(self, x, cos, sin, cache: list[tuple[torch.Tensor, torch.Tensor]]):
+        """x [B,T,in_size]; cos/sin [B,1,T,rope/2] (interleaved RoPE); cache as DraftAttention's."""
+        b, t, _ = x.shape
+        cfg = self.cfg
+        heads, nope, rope, vd = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if cfg.q_lora_rank else self.q_proj(x)
+        q = q.view(b, t, heads, nope + rope).transpose(1, 2)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, heads, nope + vd).transpose(1, 2)
+        k_nope, v = kv.split([nope, vd], dim=-1)
+        q_pe = rotate_interleaved(q[..., nope:], cos, sin)
+        k_pe = rotate_interleaved(k_pe.unsqueeze(1), cos, sin).expand(b, heads, t, rope)
+        q = torch.cat([q[..., :nope], q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe], dim=-1)
+        v = nn.functional.pad(v, (0, nope + rope - vd)) if nope + rope > vd else v
+        cache.append((k, v))
+        out = ttt_attention(q, cache, self.scale)[..., :vd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, heads * vd))
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """DeepSeek's YaRN attention magnitude (its reference code; vLLM's ``yarn_get_mscale``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_rotary(cfg: DraftConfig) -> nn.Module:
+    """transformers' DeepSeek-V3 rotary embedding over the rope dims (default or YaRN, as the
+    target's config says): cos/sin with YaRN's magnitude already applied."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    config = DeepseekV3Config(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        qk_nope_head_dim=cfg.qk_nope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        rope_theta=cfg.rope_theta,
+        rope_scaling=dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    return DeepseekV3RotaryEmbedding(config=config)
+
+
+def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved pairs (x[2i], x[2i+1]): DeepSeek's layout (vLLM's is_neox_style=False)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
 # Which attention implementation ``ttt_attention`` uses: "auto" (fused on CUDA in fp16/bf16,
@@ -262,7 +365,8 @@ class DraftLayer(nn.Module):
         if first:
             self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg, (2 if first else 1) * cfg.hidden_size)
+        attention = DraftMLAAttention if cfg.attention == "mla" else DraftAttention
+        self.self_attn = attention(cfg, (2 if first else 1) * cfg.hidden_size)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, embeds, hidden, cos, sin, cache):
@@ -296,6 +400,8 @@ class Eagle3Draft(nn.Module):
         self.norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(config=cfg.llama_config())
+        if cfg.attention == "mla":  # RoPE over the rope dims only, interleaved; not exported
+            self.mla_rotary = mla_rotary(cfg)
         # Frozen target pieces and the vocabulary map: buffers, not parameters.
         self.register_buffer("embed_tokens", embed_weight.detach().clone(), persistent=False)
         self.register_buffer("d2t", d2t.to(torch.int64))
@@ -306,12 +412,12 @@ class Eagle3Draft(nn.Module):
 
     def exported_state_dict(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: trainable weights + d2t/t2d (no embedding, no rotary cache)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("rotary.", "mla_rotary."))}
 
     def load_exported(self, state: dict[str, torch.Tensor], source: str) -> None:
         """Load what exported_state_dict() wrote, strictly: every key it writes, no other."""
         missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith("rotary.")]  # never saved: recomputed
+        missing = [k for k in missing if not k.startswith(("rotary.", "mla_rotary."))]  # never saved: recomputed
         if missing or unexpected:
             raise ValueError(f"{source}: does not match the draft (missing {missing}, unexpected {unexpected})")
 
@@ -323,7 +429,12 @@ class Eagle3Draft(nn.Module):
         """One draft step over all positions: returns the pre-norm output [B,T,H].
         ``cache``: ``new_cache()``, appended to."""
         embeds = nn.functional.embedding(tokens, self.embed_tokens).to(hidden.dtype)
-        cos, sin = self.rotary(hidden, positions)
+        if self.cfg.attention == "mla":  # [B,T,rope] = both halves the same angles -> [B,1,T,rope/2]
+            cos, sin = (
+                t[..., : self.cfg.qk_rope_head_dim // 2].unsqueeze(1) for t in self.mla_rotary(hidden, positions)
+            )
+        else:
+            cos, sin = self.rotary(hidden, positions)
         h = self.midlayer(embeds, hidden, cos, sin, cache[0])
         for i, layer in enumerate(self.layers.values(), start=1):
             h = layer(None, h, cos, sin, cache[i])

@@ -6,16 +6,17 @@ stage after it. Extraction and training also resume inside a stage (shards, chec
 
     work_dir = "runs/k25"                 # relative to the recipe file
     [target]   model = "/models/Kimi-K2.5"
-    [prepare]  data = ["train.jsonl"], max_len = 2048, regenerate = "serve" | "http://..." | false,
+    [prepare]  data = ["train.jsonl"], max_len = 2048, regenerate = "serve" (default) | "http://..." | false,
                regenerate_max_tokens = 512, serve_args = ["--tensor-parallel-size", "8"], concurrency = 16
     [eval_data] data = ["heldout.jsonl"]  # optional: prepared/extracted the same way, used by eval
     [extract]  layers = [2, 30, 58], batch_size = 8, max_model_len = 4096, tensor_parallel_size = 8
     [vocab]    size = 32000
     [train]    epochs = 1, lr = 1e-4, ttt_steps = 7, ..., nproc = 8   (TrainConfig fields + nproc)
+               draft = {attention = "mla"}   # optional DraftConfig overrides; "mla": DeepSeek MLA attention
     [stream]   spool_bytes = "2 TB", poll_seconds = 1.0   # optional: extraction and training run together,
                # through a spool of at most spool_bytes of shards (work_dir/train/spool); needs
                # [train] shuffle_window >= 1 and a whole number of epochs (each epoch re-extracts)
-    [export]   layout = "speculators", k = 3
+    [export]   layout = "speculators", k = 3     # layout: speculators / legacy, or mla (MLA drafters' only one)
     [eval]     k_max = 5
 """
 
@@ -70,9 +71,28 @@ def load_recipe(path: str) -> dict:
         if sec in r:
             r[sec]["data"] = [rel(p) for p in r[sec]["data"]]
     check_keys(r, path)
+    check_layout(r, path)
     if "stream" in r:
         check_stream(r, path)
     return r
+
+
+def check_layout(r: dict, path: str) -> None:
+    """The draft's attention and the export layout agree, before anything runs (not after training)."""
+    from .config import EXPORT_LAYOUTS_BY_ATTENTION
+
+    draft = r.get("train", {}).get("draft") or {}
+    attention = draft.get("attention", "llama")
+    if attention not in EXPORT_LAYOUTS_BY_ATTENTION:
+        raise RecipeError(
+            f"{path}: [train] draft.attention must be one of {sorted(EXPORT_LAYOUTS_BY_ATTENTION)}, not {attention!r}"
+        )
+    layout = r.get("export", {}).get("layout")
+    if layout is not None and layout not in EXPORT_LAYOUTS_BY_ATTENTION[attention]:
+        raise RecipeError(
+            f"{path}: [export] layout {layout!r} cannot hold a drafter with {attention!r} attention; "
+            f"use one of {EXPORT_LAYOUTS_BY_ATTENTION[attention]} or leave it out"
+        )
 
 
 def check_stream(r: dict, path: str) -> None:
@@ -259,7 +279,7 @@ def run(recipe_path: str, log=print) -> dict:
             state,
             model,
             d["export"],
-            layout=ex.get("layout", "speculators"),
+            layout=ex.get("layout"),  # absent: the default for the draft's attention
             dtype=ex.get("dtype"),
             k=ex.get("k", 3),
         )
@@ -394,7 +414,9 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
 
 @contextlib.contextmanager
 def _regeneration_server(prep: dict, model: str, log):
-    how = prep.get("regenerate", False)
+    # default "serve": the target writes the answers it is trained to draft (speculators' default;
+    # raw dataset answers inflate measured acceptance). A prepared, regenerated dataset: false.
+    how = prep.get("regenerate", "serve")
     if not how:
         yield None
     elif how == "serve":

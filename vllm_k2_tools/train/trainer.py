@@ -45,7 +45,9 @@ from .vocab import load_vocab
 
 def draft_config_for(target: str, draft_vocab_size: int, aux_layer_ids: list[int], **overrides) -> DraftConfig:
     """The draft geometry for a target: SpecForge's K2.5 draft for hidden 7168, else one
-    Llama layer shaped like the target's attention (heads, hidden, dense MLP width)."""
+    Llama layer shaped like the target's attention (heads, hidden, dense MLP width). With the
+    override ``attention = "mla"``: the same layer with the target's MLA attention dims and
+    RoPE base (lightseekorg's Kimi MLA drafters)."""
     from vllm_k2_plugin.hf_config import read_text_config
 
     text = read_text_config(target)
@@ -66,6 +68,16 @@ def draft_config_for(target: str, draft_vocab_size: int, aux_layer_ids: list[int
             aux_layer_ids=list(aux_layer_ids),
             max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
         )
+    if overrides.get("attention") == "mla":  # the target's MLA geometry, as the published MLA drafters have it
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if key not in text:
+                raise ValueError(
+                    f"{target}/config.json: '{key}' is missing (an MLA drafter takes the target's MLA dims)"
+                )
+            cfg[key] = text[key]
+        cfg["rope_theta"] = float(text.get("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
+        cfg["rope_scaling"] = text.get("rope_scaling")
+        cfg["max_position_embeddings"] = int(text.get("max_position_embeddings", cfg["max_position_embeddings"]))
     cfg.update(vocab_size=vocab, target_hidden_size=hidden, **overrides)
     return DraftConfig(**cfg)
 
