@@ -897,6 +897,27 @@ def _quant_section(runs: dict, summary: dict) -> list[str]:
     return L + [""]
 
 
+def _failed_section(raw_paths: list[Path], summary: dict) -> list[str]:
+    """Cases whose engine did not start: their logs, as the suite runner wrote them, in a ``failed/``
+    directory beside ``raw/``; the root error named (the first exception other than vLLM's
+    "Engine core initialization failed" that reports it)."""
+    import re
+
+    logs = sorted(f for p in raw_paths if p.is_dir() for f in (p.parent / "failed").glob("*.log"))
+    if not logs:
+        return []
+    L = ["## Cases whose engine did not start", "", "| case | root error (from its log) |", "|---|---|"]
+    summary["failed"] = {}
+    for f in logs:
+        errors = [
+            m.group(0) for ln in f.read_text(errors="replace").splitlines() if (m := re.search(r"\w+Error: .*", ln))
+        ]
+        root = next((e for e in errors if "Engine core initialization failed" not in e), errors[0] if errors else "-")
+        summary["failed"][f.stem] = root
+        L.append(f"| {f.stem} | `{root[:200]}` (log: `failed/{f.name}`) |")
+    return L + [""]
+
+
 def _mla_section(runs: dict, summary: dict) -> list[str]:
     """Suites mla / v16mla (the tiny pair with MLA drafters: greedy identity, acceptance) and
     deepmla / v16deepmla (the 24-layer slice: the MLA drafter's step against the Llama-style one's)."""
@@ -937,7 +958,7 @@ def _mla_section(runs: dict, summary: dict) -> list[str]:
             "",
             "Dummy weights, routers spread over the experts, one engine at a time; both drafters at K2.5's TP-8 "
             "share with their own head (draft vocabulary 32,000 / 8): the Llama-style layer with 8 query and 1 KV "
-            "heads, the MLA layer with 8 MLA heads and K2.5's MLA dims and RoPE. No draft accepted. Step in ms = "
+            "heads, the MLA layer with 8 MLA heads and K2.5's MLA dims. No draft accepted. Step in ms = "
             "(t(129 tokens) - t(1 token)) / steps, median of 5 rounds.",
             "",
             f"| case | {head} | {' | '.join(f'/ plain, {c // 1024}k' for c in ctxs)} | draft-step CUDA graph | "
@@ -1192,6 +1213,7 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
                 ),
                 "",
             ]
+    L += _failed_section(raw_paths, summary)
     L += _quant_section(runs, summary)
     L += _mla_section(runs, summary)
     L += _k0_host_section(runs, summary)

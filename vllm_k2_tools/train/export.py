@@ -25,8 +25,6 @@ from vllm_k2_plugin import fileio
 from .config import EXPORT_LAYOUTS, EXPORT_LAYOUTS_BY_ATTENTION
 from .draft_model import DraftConfig, Eagle3Draft
 
-LAYOUTS, LAYOUTS_BY_ATTENTION = EXPORT_LAYOUTS, EXPORT_LAYOUTS_BY_ATTENTION
-
 
 def llama_layer_config(cfg: DraftConfig, dtype: str) -> dict:
     return {
@@ -86,7 +84,7 @@ def mla_layer_config(cfg: DraftConfig, dtype: str) -> dict:
 
 
 def default_layout(cfg: DraftConfig) -> str:
-    return LAYOUTS_BY_ATTENTION[cfg.attention][0]
+    return EXPORT_LAYOUTS_BY_ATTENTION[cfg.attention][0]
 
 
 def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int) -> dict:
@@ -105,12 +103,12 @@ def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int
             "target_num_hidden_layers": int(read_text_config(target)["num_hidden_layers"]),
         },
     }
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
-    if layout not in LAYOUTS_BY_ATTENTION[cfg.attention]:
+    if layout not in EXPORT_LAYOUTS:
+        raise ValueError(f"unknown export layout {layout!r}; expected one of {EXPORT_LAYOUTS}")
+    if layout not in EXPORT_LAYOUTS_BY_ATTENTION[cfg.attention]:
         raise ValueError(
             f"export layout {layout!r} cannot hold a drafter with {cfg.attention!r} attention; "
-            f"use one of {LAYOUTS_BY_ATTENTION[cfg.attention]}"
+            f"use one of {EXPORT_LAYOUTS_BY_ATTENTION[cfg.attention]}"
         )
     if layout == "mla":
         return {**mla_layer_config(cfg, dtype), **common}
@@ -142,7 +140,7 @@ def export_config(layout: str, cfg: DraftConfig, target: str, dtype: str, k: int
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
             **common,
         }
-    raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
+    raise ValueError(f"unknown export layout {layout!r}; expected one of {EXPORT_LAYOUTS}")
 
 
 def _rename(name: str, layout: str) -> str:
