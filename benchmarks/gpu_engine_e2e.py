@@ -81,6 +81,18 @@ W4A16_EXPERTS = {
 }
 
 
+#: K2.5's RoPE scaling (DeepSeek YaRN), for the slice and the tiny ``text-yarn`` target
+K25_ROPE_SCALING = {
+    "type": "yarn",
+    "factor": 64.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
 def slice_config() -> dict:
     """K2.5's per-GPU share at TP 8 (64 heads / 8, experts' 2048 / 8, vocab 163,840 / 8)."""
     return {
@@ -111,15 +123,7 @@ def slice_config() -> dict:
         "vocab_size": 163840 // 8,
         "max_position_embeddings": 262144,
         "rope_theta": 50000.0,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 64.0,
-            "original_max_position_embeddings": 4096,
-            "beta_fast": 1.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
+        "rope_scaling": dict(K25_ROPE_SCALING),
         "rms_norm_eps": 1e-5,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -1361,8 +1365,23 @@ def write_never_accepted_drafter(dest: Path) -> None:
     os.replace(str(path) + ".tmp", path)
 
 
-#: MLA-layout drafters for the tiny random target ``text`` (written at run time; suites mla / v16mla)
-MLA_DRAFTERS = {"draft-mla": 0.0, "draft-mla-attn": 0.02}
+#: tiny random targets written at run time: ``text`` without RoPE scaling, ``text-yarn`` with
+#: K2.5's YaRN (vLLM 0.18+'s own MLA drafter class builds YaRN whenever the config names a
+#: scaling, and transformers 5 names one for every config: it cannot load ``text``'s drafters)
+TINY_TARGETS = {"text": None, "text-yarn": K25_ROPE_SCALING}
+#: MLA-layout drafters for the tiny random targets: name -> (target, attention output std)
+MLA_DRAFTERS = {
+    "draft-mla": ("text", 0.0),
+    "draft-mla-attn": ("text", 0.02),
+    "draft-mla-yarn": ("text-yarn", 0.0),
+    "draft-mla-attn-yarn": ("text-yarn", 0.02),
+}
+
+
+def tiny_spec(target: str):
+    from vllm_k2_tools.fixtures.build import FixtureSpec
+
+    return FixtureSpec(rope_scaling=TINY_TARGETS[target])
 
 
 def write_mla_drafter(target: Path, dest: Path, attention_out_std: float) -> None:
@@ -1377,7 +1396,7 @@ def write_mla_drafter(target: Path, dest: Path, attention_out_std: float) -> Non
 
     from vllm_k2_tools.fixtures import build_draft
 
-    build_draft("mla", str(dest), str(target))
+    build_draft("mla", str(dest), str(target), tiny_spec(target.name))
     path = dest / "model.safetensors"
     tensors = load_file(str(path))
     with safe_open(str(target / "model.safetensors"), "pt") as f:
@@ -1512,13 +1531,18 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
         build_fixture("trained-text", str(models / "target"))
     if any(c.get("spec", {}).get("model") == str(models / NEVER_ACCEPTED) for c in cases):
         write_never_accepted_drafter(models / NEVER_ACCEPTED)
-    if any(c.get("model") == str(models / "text") for c in cases):
-        from vllm_k2_tools.fixtures import build_fixture
+    drafters = {
+        drafter: spec
+        for drafter, spec in MLA_DRAFTERS.items()
+        if any(c.get("spec", {}).get("model") == str(models / drafter) for c in cases)
+    }
+    for target in TINY_TARGETS:
+        if any(c.get("model") == str(models / target) for c in cases) or target in (t for t, _ in drafters.values()):
+            from vllm_k2_tools.fixtures import build_fixture
 
-        build_fixture("text", str(models / "text"))
-    for drafter, std in MLA_DRAFTERS.items():
-        if any(c.get("spec", {}).get("model") == str(models / drafter) for c in cases):
-            write_mla_drafter(models / "text", models / drafter, std)
+            build_fixture("text", str(models / target), tiny_spec(target))
+    for drafter, (target, std) in drafters.items():
+        write_mla_drafter(models / target, models / drafter, std)
     if name == "gguf":
         write_gguf_pair(models / "target", models / "gguf")
     cases = [c for c in cases if not only or c["name"] in only]

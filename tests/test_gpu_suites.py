@@ -25,7 +25,7 @@ MODELS = {
     "load_prompts.json",
     "gguf",
     e2e.NEVER_ACCEPTED,
-    "text",
+    *e2e.TINY_TARGETS,
     *e2e.MLA_DRAFTERS,
 } | {
     "slice",

@@ -76,6 +76,21 @@ def test_turns_speculation_off_when_nothing_is_accepted():
     assert fixed < 0.75 * (1 / 10)  # what speculating anyway costs
 
 
+def test_a_draft_free_step_measured_slower_than_a_drafting_one_does_not_turn_drafting_on():
+    """On a GPU under load the guard measured k = 0 steps slower than k = 3 steps (medians 14.1
+    against 7.9 ms, one request, drafts never accepted) and went back to k = 3. A step that
+    drafts does everything a step without drafts does: the guard keeps k = 0."""
+    guard = SpecGuard(3, warmup=10**9)
+    for _ in range(10):
+        guard.observe_drafts([1, 1, 1], [0, 0, 0])
+        guard.observe_step(1, 3, 7.9)
+        guard.observe_step(1, 0, 5.0)
+    assert [(d.old_k, d.new_k) for d in guard.decisions] == [(3, 0)]
+    for _ in range(40):
+        guard.observe_step(1, 0, 14.1)
+    assert [(d.old_k, d.new_k) for d in guard.decisions] == [(3, 0)], guard.decisions
+
+
 def test_off_probes_draft_one_token_while_position_one_is_never_accepted():
     # the CPU engine in a server, random-weight drafter: k=0 29.0 ms, k=3 43.6 ms (medians)
     ks: list[int] = []
@@ -283,6 +298,20 @@ def test_engine_guard_k0_decode_steps_skip_the_drafter(guard_runs):
 
 @pytest.mark.slow
 @pytest.mark.vllm_latest
+def test_engine_k0_decode_steps_copy_no_drafts_and_build_no_drafter_metadata(guard_runs):
+    """A step that skips the drafter has no drafts to copy from the device (its zeros are
+    written on the CPU, as stock does for a drafter that cannot run) and no use for attention
+    metadata of the drafter's layers (the drafter builds its own when it runs)."""
+    on, off = guard_runs["on"], guard_runs["off"]
+    skipped = [s for s in on["steps"] if s["k"] == 0 and s["pure_decode"] and s["one_token_each"]]
+    assert skipped and all(s["draft_copy_waits"] == 0 and s["drafter_metadata"] is False for s in skipped), on["steps"]
+    ran = [s for s in on["steps"] if s not in skipped]
+    assert ran and all(s["draft_copy_waits"] == 1 and s["drafter_metadata"] for s in ran), on["steps"]
+    assert all(s["draft_copy_waits"] == 1 and s["drafter_metadata"] for s in off["steps"]), off["steps"]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_latest
 def test_engine_steps_without_drafts_skip_the_rejection_sampler(guard_runs):
     on, off = guard_runs["on"], guard_runs["off"]
     assert on["patches"]["spec-guard-zero-draft-sampling"] == "applied"
@@ -311,3 +340,24 @@ def test_engine_core_asks_for_no_drafts_after_k0_steps(guard_runs):
     assert at_k0 and all(n == 0 for n in at_k0), after
     assert all(n == 1 for k, n in after if k > 0), after
     assert all(s["draft_requests_for_previous_step"] == 1 for s in off["steps"][1:]), off["steps"]
+
+
+def test_step_cost_is_the_period_between_outputs_where_steps_overlap(monkeypatch):
+    """With async scheduling a step is scheduled while the one before still runs: from its
+    scheduling to its output it spans both. Its cost is then the time since the previous
+    step's output, when that step was a pure decode step at the same k."""
+    from types import SimpleNamespace
+
+    from vllm_k2_plugin.spec_guard import patch
+
+    state = patch._State(SpecGuard(3), [3] * 5, lookup=False)
+    scheduler = SimpleNamespace(**{patch.ATTR: state})
+    update = patch._wrap_update(lambda self, out, result: None)
+    clock = iter([10.0, 10.004, 10.007])  # outputs 4 ms, then 3 ms apart
+    monkeypatch.setattr(patch.time, "perf_counter", lambda: next(clock))
+    steps = [SimpleNamespace(num_scheduled_tokens={"a": 4}) for _ in range(3)]
+    for out, t0 in zip(steps, (9.99, 9.998, 10.001), strict=True):  # each scheduled before the last output
+        setattr(out, patch.STEP_ATTR, (t0, 1, 3, True))
+        update(scheduler, out, None)
+    # the first has no step before it at its k (not counted); the others cost their period (4, 3 ms), not 6 ms
+    assert list(state.guard._bucket(1).samples[3]) == pytest.approx([4.0, 3.0])

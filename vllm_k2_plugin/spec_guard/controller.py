@@ -146,8 +146,14 @@ class SpecGuard:
         return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
 
     def _rates(self, b: _Bucket, tokens) -> dict[int, float]:
-        """Tokens per ms by k (``tokens(k)`` per request-step) where a step cost is known."""
+        """Tokens per ms by k (``tokens(k)`` per request-step) where a step cost is known.
+        A step that drafts k tokens does all a step with fewer does, and more: a measured cost
+        below a smaller k's is noise (seen on a GPU under load: k = 0 steps measured slower than
+        k = 3 steps, so the guard drafted with nothing accepted), and counts as that k's cost."""
         measured = {k: median(v) for k, v in b.samples.items()}
+        floor = 0.0
+        for k in sorted(measured):
+            floor = measured[k] = max(floor, measured[k])
         rate = {}
         for k in range(self.max_k + 1):
             cost = self._cost(measured, k)

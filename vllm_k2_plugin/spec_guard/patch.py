@@ -32,6 +32,7 @@ from .controller import SpecGuard
 
 MODULE = "vllm.v1.core.sched.scheduler"
 ATTR = "_vllm_k2_spec_guard"
+STEP_ATTR = "_vllm_k2_spec_guard_step"  # on a scheduler output: (scheduled at, batch, k, pure decode)
 #: The guard is built for vLLM's v1 model runner: its k = 0 steps skip the drafter and the
 #: rejection sampler there (drafter_off, zero_draft_sampling). Under Model Runner V2 those parts
 #: cannot apply, and the scheduler half alone would still run the drafter: the feature is all or none.
@@ -114,8 +115,9 @@ class _State:
         self.lookup = lookup
         #: requests whose last step skipped the drafter: their drafts are placeholders
         self.no_drafts: set[str] = set()
-        self.started: dict[int, tuple[float, int, int, bool]] = {}  # id(output) -> (t0, batch, k, pure)
         self.prev_k: int | None = None
+        #: (time, k, pure) of the last step whose output was read: the step period's start
+        self.last_done: tuple[float, int, bool] | None = None
         self.last_step: tuple[int, list[str]] | None = None  # (k, request ids) of the step just updated
         self.reset_counts()
 
@@ -183,7 +185,9 @@ def _wrap_schedule(original):
             state.no_drafts = set(out.num_scheduled_tokens) if drafter_skipped(out) else set()
         batch = len(out.num_scheduled_tokens)
         if batch:
-            state.started[id(out)] = (t0, batch, int(out.num_spec_tokens_to_schedule), _pure_decode(out))
+            # on the output itself: an id()-keyed table kept entries of outputs never updated, and
+            # a later output reusing such an id would have read their start time
+            setattr(out, STEP_ATTR, (t0, batch, int(out.num_spec_tokens_to_schedule), _pure_decode(out)))
         return out
 
     return schedule
@@ -206,19 +210,26 @@ def _wrap_update(original):
     def update_from_output(self, scheduler_output, model_runner_output):
         result = original(self, scheduler_output, model_runner_output)
         state = getattr(self, ATTR, None)
-        started = state.started.pop(id(scheduler_output), None) if state is not None else None
+        started = scheduler_output.__dict__.pop(STEP_ATTR, None) if state is not None else None
         if started is None:
             if state is not None:
-                state.last_step = None
+                state.last_step = state.last_done = None
             return result
+        now = time.perf_counter()
         t0, batch, k, pure = started
+        last, state.last_done = state.last_done, (now, k, pure)
         state.last_step = (k, list(scheduler_output.num_scheduled_tokens))
         state.guard.observe_drafts(state.drafted, state.accepted)
         state.reset_counts()
         steady = pure and state.prev_k == k
         state.prev_k = k
         if steady:
-            decision = state.guard.observe_step(batch, k, 1e3 * (time.perf_counter() - t0))
+            # the step's cost: from its scheduling to its output, or, where the engine overlaps
+            # steps (async scheduling), the time since the previous such step's output if shorter
+            cost = now - t0
+            if last is not None and last[1] == k and last[2]:
+                cost = min(cost, now - last[0])
+            decision = state.guard.observe_step(batch, k, 1e3 * cost)
             if decision is not None:
                 logger().info(
                     "vllm-k2: speculation guard: batch bucket %d (%d+ requests): k %d -> %d "
