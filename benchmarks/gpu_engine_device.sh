@@ -11,11 +11,14 @@
 #                                                   .gpub/s .gpub016 .gpub/e2e; benchmarks/vllm016_gpu/build.sh)
 #   ENGINE=vllm016 ROUTE=B ...                     (route B: route C's carry and .gpub016b;
 #                                                   benchmarks/vllm016_gpu/build.sh, then build_route_b.sh)
+#   ENGINE=vllm026 bash benchmarks/gpu_engine_device.sh tiny:8   (vLLM 0.26.0 with its own kernels: carry .gpub026
+#                                                   .gpub/e2e; benchmarks/vllm026_gpu/build.sh, README.md there)
 set -u
 ENGINE=${ENGINE:-vllm020}
 ROUTE=${ROUTE:-C}  # vllm016 only: C (build.sh) or B (build_route_b.sh: carry .gpub016b as well)
-case $ENGINE$ROUTE in vllm016B|vllm016C|vllm020C) ;; *) echo "ROUTE=$ROUTE is for ENGINE=vllm016 (B or C)" >&2; exit 2 ;; esac
+case $ENGINE$ROUTE in vllm016B|vllm016C|vllm020C|vllm026C) ;; *) echo "ROUTE=$ROUTE is for ENGINE=vllm016 (B or C)" >&2; exit 2 ;; esac
 SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016; [ "$ENGINE$ROUTE" = vllm016B ] && SITE=/tmp/site016b
+[ "$ENGINE" = vllm026 ] && SITE=/tmp/site026 && export E2E_ENGINE_ROUTE="vLLM 0.26.0 (its own kernels)"
 [ "$ENGINE$ROUTE" = vllm016C ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
 [ "$ENGINE$ROUTE" = vllm016B ] && export E2E_ENGINE_ROUTE="route B: vLLM 0.16.0's Python and kernels (a subset, \
 built for torch 2.11), vLLM 0.20.0's FlashAttention"
@@ -30,6 +33,9 @@ if [ "$ENGINE" = vllm016 ]; then
   ROUTE=$ROUTE SITE016=$SITE bash benchmarks/vllm016_gpu/install.sh > "$OUT/install.log" 2>&1 \
     || { tail -25 "$OUT/install.log"; exit 1; }
   grep "^install016: vllm" "$OUT/install.log"
+elif [ "$ENGINE" = vllm026 ]; then
+  SITE026=$SITE bash benchmarks/vllm026_gpu/install.sh > "$OUT/install.log" 2>&1 || { tail -25 "$OUT/install.log"; exit 1; }
+  grep "^install026: vllm" "$OUT/install.log"
 else
   bash .gpub/s/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 1; }
 fi

@@ -81,20 +81,10 @@ W4A16_EXPERTS = {
 }
 
 
-#: K2.5's RoPE scaling (DeepSeek YaRN), for the slice and the tiny ``text-yarn`` target
-K25_ROPE_SCALING = {
-    "type": "yarn",
-    "factor": 64.0,
-    "original_max_position_embeddings": 4096,
-    "beta_fast": 1.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-}
-
-
 def slice_config() -> dict:
     """K2.5's per-GPU share at TP 8 (64 heads / 8, experts' 2048 / 8, vocab 163,840 / 8)."""
+    from vllm_k2_tools.fixtures.build import K25_ROPE_SCALING
+
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
@@ -123,7 +113,7 @@ def slice_config() -> dict:
         "vocab_size": 163840 // 8,
         "max_position_embeddings": 262144,
         "rope_theta": 50000.0,
-        "rope_scaling": dict(K25_ROPE_SCALING),
+        "rope_scaling": dict(K25_ROPE_SCALING),  # MLA drafters take the target's RoPE
         "rms_norm_eps": 1e-5,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -824,6 +814,12 @@ GREEDY_PAIRS = [
     ("v16-mla-plain", "v16-mla-eagle3-k3-attention"),
     ("mla-plain", "mla-eagle3-k3-passthrough"),
     ("mla-plain", "mla-eagle3-k3-attention"),
+    ("v26-v1-ours-plain", "v26-v1-ours-eagle3-k3"),
+    ("v26-v2-ours-plain", "v26-v2-ours-eagle3-k3"),
+    ("v26-v1-ours-plain", "v26-v2-ours-plain"),
+    ("v26-v1-stock-plain", "v26-v1-ours-plain"),
+    ("v26-v2-stock-plain", "v26-v2-ours-plain"),
+    ("v26-v1-ours-eagle3-k3", "v26-v2-ours-eagle3-k3"),
 ]
 
 
@@ -1368,7 +1364,7 @@ def write_never_accepted_drafter(dest: Path) -> None:
 #: tiny random targets written at run time: ``text`` without RoPE scaling, ``text-yarn`` with
 #: K2.5's YaRN (vLLM 0.18+'s own MLA drafter class builds YaRN whenever the config names a
 #: scaling, and transformers 5 names one for every config: it cannot load ``text``'s drafters)
-TINY_TARGETS = {"text": None, "text-yarn": K25_ROPE_SCALING}
+TINY_TARGETS = ("text", "text-yarn")
 #: MLA-layout drafters for the tiny random targets: name -> (target, attention output std)
 MLA_DRAFTERS = {
     "draft-mla": ("text", 0.0),
@@ -1379,9 +1375,11 @@ MLA_DRAFTERS = {
 
 
 def tiny_spec(target: str):
-    from vllm_k2_tools.fixtures.build import FixtureSpec
+    from vllm_k2_tools.fixtures.build import K25_ROPE_SCALING, FixtureSpec
 
-    return FixtureSpec(rope_scaling=TINY_TARGETS[target])
+    if target not in TINY_TARGETS:
+        raise ValueError(f"unknown tiny target {target!r}; expected one of {TINY_TARGETS}")
+    return FixtureSpec(rope_scaling=K25_ROPE_SCALING if target == "text-yarn" else None)
 
 
 def write_mla_drafter(target: Path, dest: Path, attention_out_std: float) -> None:

@@ -8,21 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_k2_tools.fixtures.build import K25_ROPE_SCALING as K25_YARN
 from vllm_k2_tools.train.draft_model import DraftConfig, DraftMLAAttention, mla_rotary, rotate_interleaved
 
 pytestmark = pytest.mark.vllm_independent
-
-
-#: Kimi-K2.5's RoPE scaling (its config.json), which an MLA drafter takes from its target
-K25_YARN = {
-    "type": "yarn",
-    "factor": 64.0,
-    "original_max_position_embeddings": 4096,
-    "beta_fast": 1.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-}
 
 
 def _configs(q_lora_rank, rope_scaling):
