@@ -215,8 +215,8 @@ def _upstream_skips_drafter() -> bool:
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (vLLM runs the EAGLE drafter's first pass at k = 0 to keep its KV cache complete)",
     why="at k = 0 the drafter's pass cost 12.6-13.7 % of a no-speculation step on the CPU engine (two profiles); "
-    "around it, the drafts' copy from the GPU and the drafter's attention metadata cost 0.19 ms and up to "
-    "0.19 ms of host time per step on the H200 (vLLM 0.16)",
+    "around it, on the H200 (vLLM 0.16), the drafts' copy from the GPU took 0.19 ms of host time per step and "
+    "the attention metadata builds (the drafter's group among them) another 0.19 ms",
     remove_when="vLLM skips the drafter on k = 0 decode steps (the probe sees no drafter call)",
 )
 def _apply(ctx: PatchContext) -> None:
