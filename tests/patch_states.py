@@ -161,6 +161,27 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
+#: Settings that change which patches act, per release: setting -> {patch: (state, fragment)}.
+V2_FRAGMENT = "built for vLLM's v1 model runner; this engine will use Model Runner V2"
+WITH_SETTINGS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
+    # asking for Model Runner V2 takes the guard off as a whole, and the v1 drafter's patches
+    V032: {
+        "VLLM_USE_V2_MODEL_RUNNER=1": {
+            name: (NOT_APPLICABLE, V2_FRAGMENT)
+            for name in (
+                "spec-guard",
+                "spec-guard-drafter-off",
+                "spec-guard-zero-draft-sampling",
+                "spec-guard-no-draft-rpc",
+                "spec-guard-decode-graphs",
+                "draft-prefill-as-decode",
+            )
+        }
+    },
+    V016: {"VLLM_USE_V2_MODEL_RUNNER=1": {"draft-prefill-as-decode": (NOT_APPLICABLE, V2_FRAGMENT)}},
+}
+
+
 #: Patches whose target is absent from a release inside their range, each with what reports it
 #: (their only_if): the range's lower end is not known there. Any other absent target inside
 #: a range is a range that should have ended earlier.
@@ -186,3 +207,78 @@ def counts(release: str) -> dict[str, int]:
     for state, _ in EXPECTED[release].values():
         out[state] = out.get(state, 0) + 1
     return out
+
+
+# --------------------------------------------------------------------------- the README's table
+#: Each feature in plain words (README.md, "Features by vLLM release and model runner").
+FEATURE_WORDS = {
+    "models": "Kimi-K2 configs load without remote code",
+    "eagle3": "EAGLE-3 with K2.5 targets: hidden states for the drafter, drafter classes, the drafter check",
+    "gguf": "Kimi / DeepSeek GGUF loading",
+    "speculators": "speculators 0.3.0's training-data generator",
+    "mla": "our Triton MLA backend",
+    "spec_guard": "the speculation guard",
+    "async_spec": "the next speculative step prepared before the accepted count is known",
+    "draft_graph": "the draft step as one CUDA graph",
+    "draft_attention": "drafter attention: split and tile choice",
+    "moe_verify": "verify tokens that share experts share weight reads",
+    "gguf_moe": "GGUF-quantized experts read once per step",
+    "rope_cache": "the rotary op's cos/sin cache converted once",
+    "comm": "one-shot all-reduce over PCIe (opt-in)",
+    "cpu": "vLLM-CPU fixes",
+}
+#: Columns: (header, patch states, Model Runner V2?). Model Runner V2 on 0.32 as register()
+#: reports it with VLLM_USE_V2_MODEL_RUNNER=1 on the CPU wheel (test_settings_that_change_the_runner).
+TABLE_COLUMNS = (
+    ("0.16 (v1 runner)", EXPECTED[V016], False),
+    ("0.28 / 0.29, v1 runner", EXPECTED[V029], False),
+    ("0.32, v1 runner", EXPECTED[V032], False),
+    ("0.32, Model Runner V2", {**EXPECTED[V032], **WITH_SETTINGS[V032]["VLLM_USE_V2_MODEL_RUNNER=1"]}, True),
+    ("0.34 (Model Runner V2 only)", EXPECTED[V034], True),
+)
+#: Under Model Runner V2 (a GPU engine): what the CPU wheel cannot show. A patch built for the v1
+#: runner does not apply (its declaration), nor does a CPU fix (CPU engines keep the v1 runner).
+V2_OFF = (NOT_APPLICABLE, "Model Runner V2")
+
+
+def feature_cell(states: list[tuple[str, str]]) -> str:
+    """One feature on one release: acts (a patch applied), acts on a GPU (a patch waits only for
+    one), opt-in, vLLM has it (every patch that could act is retired), or does not apply."""
+    if any(s == APPLIED for s, _ in states):
+        return "acts"
+    if any(s == NOT_APPLICABLE and r == NO_CUDA for s, r in states):
+        return "acts on a GPU"
+    if any(s == NOT_APPLICABLE and r == PCIE_OFF for s, r in states):
+        return "opt-in"
+    if any(s == RETIRED for s, _ in states):
+        return "vLLM has it"
+    return "does not apply"
+
+
+def feature_table() -> str:
+    """The README's feature x release table, from the tables above and each patch's feature."""
+    from vllm_k2_plugin.features import load_feature_patches
+    from vllm_k2_plugin.patching import REGISTRY
+
+    load_feature_patches()
+    by_feature: dict[str, list[str]] = {}
+    for p in REGISTRY:
+        by_feature.setdefault(p.feature, []).append(p.name)
+    missing = set(by_feature) ^ set(FEATURE_WORDS)
+    assert not missing, f"features without words (or words without a feature): {sorted(missing)}"
+    lines = [
+        "| feature | " + " | ".join(h for h, _, _ in TABLE_COLUMNS) + " |",
+        "|---|" + "---|" * len(TABLE_COLUMNS),
+    ]
+    v1_only = {p.name for p in REGISTRY if p.model_runner == "v1" or p.feature == "cpu"}
+    for feature, words in FEATURE_WORDS.items():
+        cells = [
+            feature_cell([V2_OFF if v2 and n in v1_only else states[n] for n in by_feature[feature]])
+            for _, states, v2 in TABLE_COLUMNS
+        ]
+        lines.append(f"| {words} (`{feature}`) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.patch_states: the table for README.md
+    print(feature_table())

@@ -18,7 +18,18 @@ from vllm_k2_plugin.patching import REGISTRY
 from vllm_k2_plugin.patching.versions import SUPPORTED, SUPPORTED_RANGE, upper_bound
 
 from .conftest import engine_env
-from .patch_states import ABSENT_IN_RANGE, EXPECTED, NOT_APPLICABLE, V016, V028, V029, V032, V034, differences
+from .patch_states import (
+    ABSENT_IN_RANGE,
+    EXPECTED,
+    WITH_SETTINGS,
+    V016,
+    V028,
+    V029,
+    V032,
+    V034,
+    differences,
+    feature_table,
+)
 
 RELEASES = [
     pytest.param(V016, marks=pytest.mark.vllm016),
@@ -46,27 +57,6 @@ print(json.dumps({
                         if in_range(p.applies_to, release) and target_absent(p.target)},
 }))
 """
-
-#: Settings that change which patches act, per release: setting -> {patch: (state, fragment)}.
-V2_FRAGMENT = "built for vLLM's v1 model runner; this engine will use Model Runner V2"
-WITH_SETTINGS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
-    # asking for Model Runner V2 takes the guard off as a whole, and the v1 drafter's patches
-    V032: {
-        "VLLM_USE_V2_MODEL_RUNNER=1": {
-            name: (NOT_APPLICABLE, V2_FRAGMENT)
-            for name in (
-                "spec-guard",
-                "spec-guard-drafter-off",
-                "spec-guard-zero-draft-sampling",
-                "spec-guard-no-draft-rpc",
-                "spec-guard-decode-graphs",
-                "draft-prefill-as-decode",
-            )
-        }
-    },
-    V016: {"VLLM_USE_V2_MODEL_RUNNER=1": {"draft-prefill-as-decode": (NOT_APPLICABLE, V2_FRAGMENT)}},
-}
-
 
 def _register(**env: str) -> tuple[dict, str]:
     out = subprocess.run(
@@ -160,3 +150,14 @@ def test_setup_declares_the_supported_range():
     from .conftest import REPO
 
     assert f'"vllm{SUPPORTED_RANGE}"' in (REPO / "setup.py").read_text()
+
+
+@pytest.mark.vllm_independent
+def test_readme_feature_table_is_the_tables():
+    """The README's release x runner table is written from these tables: a patch whose state
+    changes on a release changes a cell, and the README must say it."""
+    from .conftest import REPO
+
+    table = feature_table()
+    readme = (REPO / "README.md").read_text()
+    assert table in readme, "README.md's feature table differs; the table these tables give:\n" + table
