@@ -21,12 +21,12 @@ from .conftest import engine_env
 from .patch_states import (
     ABSENT_IN_RANGE,
     EXPECTED,
-    WITH_SETTINGS,
     V016,
     V028,
     V029,
     V032,
     V034,
+    WITH_SETTINGS,
     differences,
     feature_table,
 )
@@ -57,6 +57,7 @@ print(json.dumps({
                         if in_range(p.applies_to, release) and target_absent(p.target)},
 }))
 """
+
 
 def _register(**env: str) -> tuple[dict, str]:
     out = subprocess.run(
