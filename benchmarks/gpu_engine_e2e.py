@@ -985,6 +985,77 @@ def _mla_section(runs: dict, summary: dict) -> list[str]:
     return L
 
 
+def _runners_section(runs: dict, summary: dict) -> list[str]:
+    """Suites v26tiny / v26slice (vLLM 0.26, ENGINE=vllm026): the v1 model runner against Model
+    Runner V2, ours and stock. Tiny pair: greedy identity and acceptance; slice: step times."""
+    L = []
+    tiny = {n: r for n, r in runs.items() if n.startswith("v26-") and "single_stream" in r}
+    if tiny:
+        L += [
+            "## vLLM 0.26: the v1 model runner and Model Runner V2, the trained tiny pair (suite `v26tiny`)",
+            "",
+            "`v1` = vLLM's older runner, `v2` = Model Runner V2 (`VLLM_USE_V2_MODEL_RUNNER=1`); `stock` = every "
+            "GPU patch of ours off. EAGLE-3 with the committed demo drafter, k = 3, the guard off. Greedy, 12 "
+            "prompts x 64 tokens batched, compared with the plain engine of the same runner; acceptance and "
+            "tok/s from one request of 256 tokens.",
+            "",
+            "| case | greedy tokens vs plain, same runner | tok/s | acceptance per position | tau | attention |",
+            "|---|---|---:|---|---:|---|",
+        ]
+        summary["runners_tiny"] = {}
+        for n in sorted(tiny):
+            r = tiny[n]
+            sp = r.get("spec") or {}
+            plain = n.replace("-eagle3-k3", "-plain")
+            g = summary["greedy"].get(f"{plain} vs {n}") if plain != n else None
+            acc = [round(x / sp["drafts"], 3) for x in sp["per_pos"]] if sp.get("drafts") else []
+            tau_ = round(1 + sp["accepted"] / sp["drafts"], 3) if sp.get("drafts") else None
+            summary["runners_tiny"][n] = {"tok_s": r["single_stream"]["tok_s"], "per_pos": acc, "tau": tau_}
+            L.append(
+                f"| {n} | {_fmt_div(g) if g else '-'} | {r['single_stream']['tok_s']} | {acc or '-'} | "
+                f"{tau_ if tau_ is not None else '-'} | {r.get('impls', '-')} |"
+            )
+        pairs = [k for k in summary["greedy"] if k.startswith("v26-")]
+        if pairs:
+            L += ["", "Greedy pairs: " + "; ".join(f"{k}: {_fmt_div(summary['greedy'][k])}" for k in pairs)]
+        L.append("")
+    sl = {n: r for n, r in runs.items() if n.startswith("v26slice-") and "contexts" in r}
+    if sl:
+        ctxs = sorted({int(c) for r in sl.values() for c in r["contexts"]})
+        step = {n: {int(c): _ms_per_step(v) for c, v in r["contexts"].items()} for n, r in sl.items()}
+        L += [
+            "## vLLM 0.26: the 24-layer K2.5 slice on both model runners (suite `v26slice`)",
+            "",
+            "Dummy weights, routers spread over the experts, one engine at a time; EAGLE-3 k = 3 with the "
+            "Llama-style drafter at K2.5's TP-8 share (its own head, draft vocabulary 32,000 / 8; aux layers "
+            "inside the slice, so stock vLLM serves it); no draft accepted. Step in ms = (t(129 tokens) - "
+            "t(1 token)) / steps, median of 5 rounds. '/ plain': against the plain engine of the same runner "
+            "and patches where it ran, else the same runner's other plain engine (named).",
+            "",
+            "| case | " + " | ".join(f"{c // 1024}k" for c in ctxs) + " | / plain | plain used |",
+            "|---|" + "---:|" * len(ctxs) + "---|---|",
+        ]
+        summary["runners_slice_ms"] = step
+        for n in sorted(sl):
+            plain = n.replace("-eagle3-k3", "-plain")
+            if plain not in step:  # the same runner's plain engine of the other backend
+                runner = n.split("-")[1]
+                plain = next((m for m in sorted(step) if m.split("-")[1] == runner and m.endswith("-plain")), None)
+            ratio = (
+                " / ".join(
+                    str(round(step[n][c] / step[plain][c], 3)) for c in ctxs if c in step[n] and c in step[plain]
+                )
+                if plain and plain != n
+                else "-"
+            )
+            L.append(
+                f"| {n} | " + " | ".join(str(step[n].get(c, "-")) for c in ctxs) + f" | {ratio} | "
+                f"{plain if plain and plain != n else '-'} |"
+            )
+        L.append("")
+    return L
+
+
 def _k0_host_section(runs: dict, summary: dict) -> list[str]:
     """Suite v16k0prof: a plain engine's step against a speculative engine's step at k = 0 (the
     guard, drafts never accepted), with the host functions that account for the difference."""
@@ -1217,6 +1288,7 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
     L += _quant_section(runs, summary)
     L += _mla_section(runs, summary)
     L += _k0_host_section(runs, summary)
+    L += _runners_section(runs, summary)
     prof = {n: r["profile"] for n, r in runs.items() if "profile" in r and "k0prof-" not in n}
     if prof:
         summary["profile"] = prof
