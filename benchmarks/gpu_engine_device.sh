@@ -18,7 +18,8 @@ ENGINE=${ENGINE:-vllm020}
 ROUTE=${ROUTE:-C}  # vllm016 only: C (build.sh) or B (build_route_b.sh: carry .gpub016b as well)
 case $ENGINE$ROUTE in vllm016B|vllm016C|vllm020C|vllm026C) ;; *) echo "ROUTE=$ROUTE is for ENGINE=vllm016 (B or C)" >&2; exit 2 ;; esac
 SITE=/tmp/site; [ "$ENGINE" = vllm016 ] && SITE=/tmp/site016; [ "$ENGINE$ROUTE" = vllm016B ] && SITE=/tmp/site016b
-[ "$ENGINE" = vllm026 ] && SITE=/tmp/site026 && export E2E_ENGINE_ROUTE="vLLM 0.26.0 (its own kernels)"
+[ "$ENGINE" = vllm026 ] && SITE=/tmp/site026 && export E2E_ENGINE_ROUTE="vLLM 0.26.0 (its own kernels)" \
+  VLLM_USE_FLASHINFER_SAMPLER=0  # the 0.26 bundle has no FlashInfer: vLLM's own sampler
 [ "$ENGINE$ROUTE" = vllm016C ] && export E2E_ENGINE_ROUTE="route C: vLLM 0.16.0's Python on vLLM 0.20.0's kernels"
 [ "$ENGINE$ROUTE" = vllm016B ] && export E2E_ENGINE_ROUTE="route B: vLLM 0.16.0's Python and kernels (a subset, \
 built for torch 2.11), vLLM 0.20.0's FlashAttention"
