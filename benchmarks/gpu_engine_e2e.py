@@ -1019,16 +1019,18 @@ def _runners_section(runs: dict, summary: dict) -> list[str]:
         if pairs:
             L += ["", "Greedy pairs: " + "; ".join(f"{k}: {_fmt_div(summary['greedy'][k])}" for k in pairs)]
         L.append("")
-    sl = {n: r for n, r in runs.items() if n.startswith("v26slice-") and "contexts" in r}
+    sl = {n: r for n, r in runs.items() if n.startswith(("v26slice-", "v26slice24-")) and "contexts" in r}
     if sl:
         ctxs = sorted({int(c) for r in sl.values() for c in r["contexts"]})
         step = {n: {int(c): _ms_per_step(v) for c, v in r["contexts"].items()} for n, r in sl.items()}
         L += [
-            "## vLLM 0.26: the 24-layer K2.5 slice on both model runners (suite `v26slice`)",
+            "## vLLM 0.26: a K2.5 slice on both model runners (suites `v26slice12`, `v26slice`)",
             "",
-            "Dummy weights, routers spread over the experts, one engine at a time; EAGLE-3 k = 3 with the "
-            "Llama-style drafter at K2.5's TP-8 share (its own head, draft vocabulary 32,000 / 8; aux layers "
-            "inside the slice, so stock vLLM serves it); no draft accepted. Step in ms = (t(129 tokens) - "
+            "`v26slice-*`: the 12-layer slice with a Llama-style drafter of 8 query and 8 KV heads and a 16,384-token "
+            "draft vocabulary; `v26slice24-*`: the 24-layer slice with K2.5's drafter at its TP-8 share (8 query and "
+            "1 KV head, its own head over 32,000 / 8 draft tokens). Aux layers inside the slice, so stock vLLM "
+            "serves either. Dummy weights, routers spread over the experts, one engine at a time, EAGLE-3 k = 3, "
+            "no draft accepted. Step in ms = (t(129 tokens) - "
             "t(1 token)) / steps, median of 5 rounds. '/ plain': against the plain engine of the same runner "
             "and patches where it ran, else the same runner's other plain engine (named).",
             "",

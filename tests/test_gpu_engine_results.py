@@ -61,7 +61,7 @@ def test_stock_cases_turn_off_every_gpu_patch_and_only_those():
 #: other results written by this report (raw/ beside README.md and summary.json)
 REPORT_DIRS = sorted(
     p.parent
-    for sub in ("mla_drafter_gpu", "spec_guard_gpu")
+    for sub in ("mla_drafter_gpu", "spec_guard_gpu", "runners_gpu")
     for p in (REPO / "benchmarks" / "results" / sub).glob("*/raw")
 )
 
