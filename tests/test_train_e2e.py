@@ -14,6 +14,8 @@ venv itself when that run is not there, and `run` skips every stage already done
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -39,6 +41,18 @@ def _e2e_dir(tmp_path_factory) -> Path:
     return Path(root) if root else tmp_path_factory.mktemp("e2e")
 
 
+@contextlib.contextmanager
+def _run_lock(root: Path):
+    """One writer at a time in the shared run directory: ci/test.sh runs the 0.16 and the latest
+    engine tiers side by side, and both fixtures below run or resume the same recipe there."""
+    with open(root / ".run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _python_016() -> str:
     """The vLLM 0.16 venv's python (ci/test.sh exports it; else build/reuse it)."""
     venv = os.environ.get("VLLM_K2_VENV_VLLM016")
@@ -59,19 +73,20 @@ def pipeline(tmp_path_factory):
     from vllm_k2_tools.fixtures.trained_target import CI_RECIPE, write_tiny_recipe
 
     root = _e2e_dir(tmp_path_factory)
-    recipe = write_tiny_recipe(str(root), **CI_RECIPE)
     python = sys.executable if IS_016 else _python_016()
     env = engine_env(VLLM_MLA_DISABLE="1", OMP_NUM_THREADS="2")
     import time
 
     t0 = time.time()
-    r = subprocess.run(
-        [python, "-m", "vllm_k2_plugin.cli", "train", "run", recipe],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    with _run_lock(root):  # the other engine tier may be running or resuming the same run
+        recipe = write_tiny_recipe(str(root), **CI_RECIPE)
+        r = subprocess.run(
+            [python, "-m", "vllm_k2_plugin.cli", "train", "run", recipe],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=2400,
+        )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
     work = root / "work"
     (root / "pipeline-seconds.txt").write_text(f"{time.time() - t0:.0f}\n")
@@ -102,13 +117,14 @@ def test_pipeline_stages_on_016(pipeline):
 
 @pytest.mark.vllm016
 def test_rerun_skips_finished_stages(pipeline):
-    r = subprocess.run(
-        [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(pipeline["root"] / "recipe.toml")],
-        env=engine_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    with _run_lock(pipeline["root"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(pipeline["root"] / "recipe.toml")],
+            env=engine_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert r.returncode == 0, r.stderr[-3000:]
     for stage in ("prepare", "extract", "train", "export", "eval"):
         assert f"[{stage}] done already" in r.stdout
@@ -172,10 +188,16 @@ def mla_run(pipeline):
     """The same run's data and vocabulary, a drafter with MLA attention (lightseekorg's layout):
     the stage commands a recipe with ``[train] draft = {attention = "mla"}`` runs, in the 0.16 venv
     (train with the recipe's own [train] settings, export in its default layout, offline eval)."""
-    from vllm_k2_tools.train.recipe import load_recipe, torchrun_command
-
     root, work, model = pipeline["root"], pipeline["work"], pipeline["target"]
     out = root / "mla"
+    with _run_lock(root):
+        _train_mla(root, work, model, out)
+    return {"dir": out, "eval": json.loads((out / "eval" / "eval.json").read_text())}
+
+
+def _train_mla(root: Path, work: Path, model: str, out: Path) -> None:
+    from vllm_k2_tools.train.recipe import load_recipe, torchrun_command
+
     if not (out / "eval" / "eval.json").exists():
         tr = dict(load_recipe(str(root / "recipe.toml"))["train"])
         tr.pop("nproc", None)
@@ -197,7 +219,6 @@ def mla_run(pipeline):
         ):
             r = subprocess.run(cmd, env=engine_env(OMP_NUM_THREADS="2"), capture_output=True, text=True, timeout=1800)
             assert r.returncode == 0, (cmd[3:6], r.stdout[-2000:] + r.stderr[-4000:])
-    return {"dir": out, "eval": json.loads((out / "eval" / "eval.json").read_text())}
 
 
 @pytest.mark.vllm016
