@@ -91,6 +91,25 @@ def test_a_draft_free_step_measured_slower_than_a_drafting_one_does_not_turn_dra
     assert [(d.old_k, d.new_k) for d in guard.decisions] == [(3, 0)], guard.decisions
 
 
+def test_one_slow_small_k_does_not_price_larger_k_out():
+    """On a GPU under load (vLLM 0.16, one request) the guard's k = 1 median came out at 7.7 ms
+    from a few first steps at k = 1, its k = 3 steps had measured about 3 ms, and k = 2 and 3
+    were then costed at k = 1's 7.7 ms: it turned off drafts that paid. The cheaper of two
+    disagreeing measurements counts."""
+    guard = SpecGuard(3, warmup=10**9)
+    for i in range(9):
+        guard.observe_drafts([1, 1, 1], [1, 1, 1] if i % 5 else [1, 0, 0])  # 0.8 of them whole
+        guard.observe_step(1, 3, 3.0)
+    guard.observe_step(1, 1, 7.7)
+    guard.observe_step(1, 1, 7.7)
+    for _ in range(9):
+        guard.observe_step(1, 0, 1.6)
+    rate = guard._rates(guard._bucket(1), guard.expected_tokens)
+    assert rate[3] == pytest.approx(guard.expected_tokens(3) / 3.0)
+    assert rate[3] > 1.5 * rate[0]
+    assert guard._buckets[0].k == 3 and not guard.decisions, guard.decisions
+
+
 def test_off_probes_draft_one_token_while_position_one_is_never_accepted():
     # the CPU engine in a server, random-weight drafter: k=0 29.0 ms, k=3 43.6 ms (medians)
     ks: list[int] = []

@@ -147,13 +147,16 @@ class SpecGuard:
 
     def _rates(self, b: _Bucket, tokens) -> dict[int, float]:
         """Tokens per ms by k (``tokens(k)`` per request-step) where a step cost is known.
-        A step that drafts k tokens does all a step with fewer does, and more: a measured cost
-        below a smaller k's is noise (seen on a GPU under load: k = 0 steps measured slower than
-        k = 3 steps, so the guard drafted with nothing accepted), and counts as that k's cost."""
+        A step that drafts k tokens does all a step with fewer does, and more: where a smaller k
+        measured dearer than a larger one, the measurements disagree, and the cheaper one counts
+        for both. Step-time noise only adds (stalls, captures, a first step at a new k), so the
+        dearer median is the suspect one: on a GPU under load k = 0 steps once measured slower
+        than k = 3 steps (the guard then drafted with nothing accepted), and later one slow k = 1
+        median, lifted onto k = 2 and 3, turned off drafts that paid."""
         measured = {k: median(v) for k, v in b.samples.items()}
-        floor = 0.0
-        for k in sorted(measured):
-            floor = measured[k] = max(floor, measured[k])
+        ceiling = float("inf")
+        for k in sorted(measured, reverse=True):
+            ceiling = measured[k] = min(ceiling, measured[k])
         rate = {}
         for k in range(self.max_k + 1):
             cost = self._cost(measured, k)
