@@ -244,6 +244,17 @@ def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
             *captures,
             "```",
         ]
+    kv = [f"{c['case']['name']}: {c['kv_cache_tokens']} tokens" for c in cases if c.get("kv_cache_tokens")]
+    if kv:
+        lines += [
+            "",
+            "KV cache per engine, in tokens (every engine gets the same kv_cache_memory_bytes; a drafter's",
+            "layers take part of it): read beside the preemptions.",
+            "",
+            "```",
+            *kv,
+            "```",
+        ]
     guard_lines = sorted({ln for c in cases for ln in c.get("log_lines", []) if "speculation guard" in ln})
     if guard_lines:
         lines += ["", "The speculation guard's decisions (engine log):", "", "```", *guard_lines, "```"]

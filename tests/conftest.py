@@ -71,11 +71,15 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
     # ci/test.sh runs the 0.16 and the latest engine tiers side by side, sharing one training run
-    # (tests/test_train_e2e.py): 0.16 trains it first, the latest serves it last, so neither
-    # tier waits on the other's lock while it could be running its other tests.
+    # (tests/test_train_e2e.py): 0.16 runs the recipe first; the latest comes to the run last,
+    # serves its drafter and trains the MLA drafter of the same data while 0.16 runs its other
+    # tests, and 0.16 checks that drafter at its end. Neither tier waits on the other's lock
+    # while it could be running its other tests.
     shared = [item for item in items if item.nodeid.startswith("tests/test_train_e2e.py")]
     if shared and IS_016:
-        items[:] = shared + [item for item in items if item not in shared]
+        mla = [item for item in shared if "mla" in item.name]
+        first = [item for item in shared if item not in mla]
+        items[:] = first + [item for item in items if item not in shared] + mla
     elif shared and IS_LATEST:
         items[:] = [item for item in items if item not in shared] + shared
 

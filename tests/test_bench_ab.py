@@ -132,3 +132,14 @@ def test_load_report_per_concurrency(bench):
     assert result["summary"]["eagle3-k3"]["3"]["mean_acceptance_length_median"] >= 1.0
     md = (out / "bench_ab.md").read_text()
     assert "tok/s, all requests" in md and "| eagle3-k3 | 3 |" in md
+
+
+def test_kv_cache_size_reported_per_mode(bench):
+    # Every server gets the same KV space (VLLM_CPU_KVCACHE_SPACE): n-gram adds no layers, so it
+    # holds as many tokens as the baseline; the EAGLE-3 drafter's layer takes part of the space.
+    out, result, _ = bench
+    kv = {mode: result["summary"][mode]["kv_cache_tokens"] for mode in ("baseline", "ngram-k3", "eagle3-k3")}
+    assert kv["baseline"] > 0 and kv["ngram-k3"] == kv["baseline"], kv
+    assert 0 < kv["eagle3-k3"] < kv["baseline"], kv
+    assert result["rounds"][0]["eagle3-k3"]["kv_cache_tokens"] == kv["eagle3-k3"]
+    assert f"| {kv['eagle3-k3']} |" in (out / "bench_ab.md").read_text()

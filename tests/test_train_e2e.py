@@ -28,11 +28,12 @@ from .conftest import IS_016, REPO, SMALL_ENGINE, engine_env, run_engine_job
 
 pytestmark = pytest.mark.slow
 
-# Floors below what this pipeline measured with CI_RECIPE (2026-12-02: offline tau(3) 2.87
-# over every position, 2.55 replaying greedy decoding's draft positions; vLLM 2.56), not
-# wishes. The full tiny recipe (16 epochs, 5 TTT steps) measured 3.05 / 2.85 / 2.85.
+# Floors below what this pipeline measured with CI_RECIPE (4 epochs, 2026-12-07: offline tau(3)
+# 2.70 over every position, 2.41 replaying greedy decoding's draft positions; vLLM 2.42), not
+# wishes. 6 epochs measured 2.87 / 2.55 / 2.56; the full tiny recipe (16 epochs, 5 TTT steps)
+# 3.05 / 2.85 / 2.85.
 TAU3_OFFLINE_FLOOR = 2.5
-TAU3_VLLM_FLOOR = 2.4
+TAU3_VLLM_FLOOR = 2.3
 AGREEMENT = 0.10  # |offline (served positions) - vLLM| / vLLM
 
 
@@ -115,19 +116,27 @@ def test_pipeline_stages_on_016(pipeline):
     assert ev["tau"]["3"] >= TAU3_OFFLINE_FLOOR, ev
 
 
-@pytest.mark.vllm016
+@pytest.mark.vllm_latest
 def test_rerun_skips_finished_stages(pipeline):
-    with _run_lock(pipeline["root"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "vllm_k2_plugin.cli", "train", "run", str(pipeline["root"] / "recipe.toml")],
-            env=engine_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    assert r.returncode == 0, r.stderr[-3000:]
-    for stage in ("prepare", "extract", "train", "export", "eval"):
-        assert f"[{stage}] done already" in r.stdout
+    """`train run` of a finished recipe redoes nothing. In CI this tier's fixture is that second
+    run (the 0.16 tier ran the recipe first): its output is the proof; else the recipe runs again."""
+    stages = ("prepare", "extract", "train", "export", "eval")
+    out = pipeline["log"]
+    if not all(f"[{stage}] done already" in out for stage in stages):
+        with _run_lock(pipeline["root"]):
+            r = subprocess.run(
+                [_python_016(), "-m", "vllm_k2_plugin.cli", "train", "run", str(pipeline["root"] / "recipe.toml")],
+                env=engine_env(VLLM_MLA_DISABLE="1", OMP_NUM_THREADS="2"),
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.stdout
+    for stage in stages:
+        assert f"[{stage}] done already" in out, out[-3000:]
+    # nothing to regenerate: no vLLM server started (a resumed run of a 1T target would load it)
+    assert "starting a vLLM server" not in out, out[-3000:]
 
 
 def _heldout_prompts(work: Path, target: str) -> list[str]:

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from vllm_k2_plugin.settings import ENV_SPEC_GUARD
 
 from .client import run_load
-from .metrics import scrape
+from .metrics import kv_cache_tokens, scrape
 from .server import ServerFailed, vllm_server
 
 
@@ -111,7 +111,9 @@ def _run_mode(cfg: ABConfig, mode: Mode, url: str) -> dict:
 
     chat(url, cfg.served_model_name, -1, "Hello", 8)  # warm-up, not measured
     before = scrape(url)
-    out = {"by_concurrency": {}, "texts": None}
+    # its KV cache's size in tokens: a drafter's layers share the space, so a speculative server
+    # holds fewer tokens in the same memory (read beside its preemptions)
+    out = {"by_concurrency": {}, "texts": None, "kv_cache_tokens": kv_cache_tokens(url)}
     for c in cfg.concurrency:
         at_start = scrape(url)
         t0 = time.perf_counter()
@@ -178,9 +180,11 @@ def summarize_rounds(cfg: ABConfig, rounds: list[dict]) -> dict:
     summary = {}
     for mode in cfg.modes:
         ok = [r[mode.name] for r in rounds if "error" not in r.get(mode.name, {"error": 1})]
+        kv = [r.get("kv_cache_tokens") for r in ok if r.get("kv_cache_tokens")]
         entry = {
             "rounds_ok": len(ok),
             "errors": [r[mode.name]["error"] for r in rounds if "error" in r.get(mode.name, {})],
+            "kv_cache_tokens": min(kv) if kv else None,  # the same at every start; min if not
         }
         for c in map(str, cfg.concurrency):
             tps = [r["by_concurrency"][c]["tok_per_s_per_request_median"] for r in ok]

@@ -9,6 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "vllm:spec_decode_"
 PREEMPTIONS = "vllm:num_preemptions"
+#: the engine's cache settings as labels, num_gpu_blocks among them once the KV cache is sized
+CACHE_CONFIG = "vllm:cache_config_info"
 
 
 @dataclass
@@ -41,10 +43,25 @@ class SpecCounters:
         }
 
 
+def _families(base_url: str, timeout: float):
+    return text_string_to_metric_families(requests.get(f"{base_url}/metrics", timeout=timeout).text)
+
+
+def kv_cache_tokens(base_url: str, timeout: float = 10.0) -> int | None:
+    """Tokens the server's KV cache holds (blocks x block size, every layer's share included: a
+    drafter's layers take part of the same space). None when the server does not say."""
+    for family in _families(base_url, timeout):
+        if family.name in (CACHE_CONFIG, CACHE_CONFIG.removesuffix("_info")):
+            for sample in family.samples:
+                blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit():
+                    return int(blocks) * int(size)
+    return None
+
+
 def scrape(base_url: str, timeout: float = 10.0) -> SpecCounters:
-    text = requests.get(f"{base_url}/metrics", timeout=timeout).text
     c = SpecCounters()
-    for family in text_string_to_metric_families(text):
+    for family in _families(base_url, timeout):
         if family.name == PREEMPTIONS:
             c.preemptions += sum(x.value for x in family.samples if x.name.endswith("_total"))
         if not family.name.startswith(PREFIX):

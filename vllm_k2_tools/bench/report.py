@@ -55,11 +55,12 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         "Under load, per concurrency (medians over rounds): throughput of the whole load, latency "
-        "percentiles over its requests, acceptance length measured at that concurrency, preemptions.",
+        "percentiles over its requests, acceptance length measured at that concurrency, preemptions, "
+        "and the tokens the server's KV cache holds (a drafter's layers take part of the same space).",
         "",
         "| mode | concurrency | tok/s, all requests | ratio vs baseline | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | "
-        "mean acceptance length | preemptions |",
-        "|---|---|---|---|---|---|---|---|",
+        "mean acceptance length | preemptions | KV cache (tokens) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in cfg["modes"]:
         e = summary[m["name"]]
@@ -71,7 +72,7 @@ def markdown(result: dict) -> str:
                 f"{_fmt(s.get('aggregate_ratio_vs_baseline_median'))} | "
                 f"{_fmt(s.get('ttft_s_p50_median'))} / {_fmt(s.get('ttft_s_p99_median'))} | "
                 f"{_fmt(tpot[0], 1)} / {_fmt(tpot[1], 1)} | {_fmt(s.get('mean_acceptance_length_median'))} | "
-                f"{_fmt(s.get('preemptions'), 0)} |"
+                f"{_fmt(s.get('preemptions'), 0)} | {_fmt(e.get('kv_cache_tokens'), 0)} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -211,7 +211,7 @@ def run(recipe_path: str, log=print) -> dict:
         e_set is None or _done(d["prepare_eval"], {"model": model, **e_set, "after": [""]})
     )
     # No regeneration server when both prepare stages are done already.
-    with _regeneration_server({} if prepared else prep, model, log) as url:
+    with _regeneration_server(None if prepared else prep, model, log) as url:
         common = dict(
             max_len=prep.get("max_len", 2048),
             regenerate_url=url,
@@ -413,10 +413,11 @@ def _stream(model: str, d: dict, x: dict, tr: dict, st: dict, log) -> None:
 
 
 @contextlib.contextmanager
-def _regeneration_server(prep: dict, model: str, log):
+def _regeneration_server(prep: dict | None, model: str, log):
     # default "serve": the target writes the answers it is trained to draft (speculators' default;
     # raw dataset answers inflate measured acceptance). A prepared, regenerated dataset: false.
-    how = prep.get("regenerate", "serve")
+    # None: nothing left to regenerate (the prepare stages are done), so no server.
+    how = False if prep is None else prep.get("regenerate", "serve")
     if not how:
         yield None
     elif how == "serve":
