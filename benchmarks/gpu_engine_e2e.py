@@ -589,7 +589,7 @@ def profile_steps(run, stacks: bool = False) -> dict:
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
         wall, spec, toks = run()
-    steps = spec["drafts"] or (len(toks) - 1)
+    steps = decode_steps(spec, toks)  # a guard's k = 0 steps draft nothing: not a count of drafts
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
     busy, end = 0.0, float("-inf")
@@ -623,6 +623,7 @@ def profile_steps(run, stacks: bool = False) -> dict:
         "gpu_idle": _idle_gaps(kernels, steps),
         "host_waits": _host_waits(prof, steps),
         "steps": steps,
+        "steps_from": "decode_steps",  # earlier files counted drafting steps (wrong at k = 0)
         "wall_ms_per_step": round(1000 * wall / steps, 3),
         "gpu_busy_ms_per_step": round(busy / 1000 / steps, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
@@ -1075,22 +1076,32 @@ def _k0_host_section(runs: dict, summary: dict) -> list[str]:
     if not pairs:
         return []
     L = [
-        "## Host time of a speculative engine's steps without drafts (suite `v16k0prof`)",
+        "## Host time of a speculative engine's steps without drafts (suites `v16k0prof`, `v16k0slice`)",
         "",
-        "The tiny trained target, one request, 128 tokens; in-process engine with CUDA graphs. The guard case "
-        "has a drafter whose drafts are never accepted, so after its warm-up nearly every step drafts nothing "
-        "(k = 0). Wall ms/step is measured without the profiler (128 tokens / steps); the host functions are "
-        "cProfile's per engine step (profiled, so slower), listed by how much more time the guard engine's step "
-        "spends in them than the plain engine's step of the same scheduling mode.",
+        "One request, 128 tokens; in-process engine with CUDA graphs. The guard case has a drafter whose drafts "
+        "are never accepted, so after its warm-up nearly every step drafts nothing (k = 0; in `v16k0slice` the "
+        "guard's k is forced to 0 from the first step). Wall ms/step is measured without the profiler (128 "
+        "tokens / steps); GPU busy ms/step is torch.profiler's union of kernel time per step; the host functions "
+        "are cProfile's per engine step (profiled, so slower), listed by how much more time the guard engine's "
+        "step spends in them than the plain engine's step of the same scheduling mode.",
         "",
-        "| guard case | plain case | guard ms/step | plain ms/step | difference |",
-        "|---|---|---:|---:|---:|",
+        "| model | guard case | plain case | guard ms/step | plain ms/step | difference "
+        "| guard GPU busy ms/step | plain GPU busy ms/step |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     summary["k0_host"] = {}
     for g, p in pairs:
         a, b = hp[g]["wall_ms_per_step"], hp[p]["wall_ms_per_step"]
-        summary["k0_host"][g] = {"ms_per_step": a, "plain_ms_per_step": b, "extra_ms": round(a - b, 3)}
-        L.append(f"| {g} | {p} | {a} | {b} | +{a - b:.3f} |")
+        ga, gb = (_gpu_busy_per_decode_step(hp[n]) for n in (g, p))
+        summary["k0_host"][g] = {
+            "ms_per_step": a,
+            "plain_ms_per_step": b,
+            "extra_ms": round(a - b, 3),
+            "gpu_busy_ms_per_step": ga,
+            "plain_gpu_busy_ms_per_step": gb,
+        }
+        model = Path(hp[g]["case"]["model"]).name
+        L.append(f"| {model} | {g} | {p} | {a} | {b} | {a - b:+.3f} | {ga} | {gb} |")
     for g, p in pairs:
         for key, field, what in (("by_own", "own_ms", "own time"), ("by_inclusive", "incl_ms", "inclusive time")):
             mine = {r["fn"]: r for r in hp[g]["host"][key]}
@@ -1106,6 +1117,13 @@ def _k0_host_section(runs: dict, summary: dict) -> list[str]:
                 for d, f in extra
             ]
     return L + [""]
+
+
+def _gpu_busy_per_decode_step(run: dict):
+    """The profile's GPU busy ms per engine step, where its steps were counted as decode steps
+    (files written before that counted drafting steps, which a guard at k = 0 barely has)."""
+    prof = run.get("profile", {})
+    return prof.get("gpu_busy_ms_per_step", "-") if prof.get("steps_from") == "decode_steps" else "-"
 
 
 def _ms_per_step(context: dict) -> float:
@@ -1593,6 +1611,11 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         extra.append(NOSYNC_BOUND)
     if case.get("segment_waves") == 1:
         extra.append("benchmarks.draft_segment_waves")
+    if case.get("forced_k"):  # the guard's k on a fixed schedule (guard_forced_k.py), e.g. "0:1": always 0
+        extra.append("benchmarks.guard_forced_k")
+        env["VLLM_K2_SPEC_GUARD"] = "1"
+        env["FORCED_K_SCHEDULE"] = case["forced_k"]
+        env["FORCED_K_LOG"] = os.path.join(group_dir, f"{case['name']}.forced_k.jsonl")
     if extra:
         env["VLLM_K2_EXTRA_PATCH_MODULES"] = ",".join(extra)
     return env

@@ -20,6 +20,9 @@ NO_REBIND = "vLLM 0.34's Triton dispatcher has no _rebind_kernels"
 NO_BUILD_FOR_DRAFTING = "vLLM 0.34's TRITON_ATTN builder has no build_for_drafting"
 MLA_CLASS_UPSTREAM = "vLLM 0.18 ships its own class for these drafters"
 PCIE_OFF = "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
+V2_GUARD = ">=0.26,<0.27"
+V2_GUARD_WHY = "written and measured against vLLM 0.26's Model Runner V2 only"
+GUARD_WITHOUT_V2_PART = "feature spec_guard incomplete: spec-guard-v2-drafter-off not-applicable"
 
 
 def _upstream(release: str) -> str:
@@ -56,6 +59,7 @@ def _cpu_release(release: str) -> dict[str, tuple[str, str]]:
         "triton-mla-k2-decode": (APPLIED, ""),
         "spec-guard": (APPLIED, ""),
         "spec-guard-drafter-off": (APPLIED, ""),
+        "spec-guard-v2-drafter-off": (NOT_APPLICABLE, _outside(release, V2_GUARD, V2_GUARD_WHY)),
         "spec-guard-zero-draft-sampling": (APPLIED, ""),
         "spec-guard-no-draft-rpc": (APPLIED, ""),
         "spec-guard-decode-graphs": (APPLIED, ""),
@@ -94,6 +98,7 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         # no dynamic speculative decoding in 0.16: the guard trims drafts itself
         "spec-guard": (APPLIED, ""),
         "spec-guard-drafter-off": (APPLIED, ""),
+        "spec-guard-v2-drafter-off": (NOT_APPLICABLE, _outside(V016, V2_GUARD)),
         "spec-guard-zero-draft-sampling": (APPLIED, ""),
         "spec-guard-no-draft-rpc": (APPLIED, ""),
         "spec-guard-decode-graphs": (APPLIED, ""),
@@ -143,8 +148,9 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "speculators-0.3-generator": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.17", "speculators 0.3.0")),
         "triton-mla-k2-decode": (RETIRED, _upstream(V034)),
         # the speculation guard is off as a whole: built for the v1 runner, which 0.34 lacks
-        "spec-guard": (NOT_APPLICABLE, V2_ONLY),
+        "spec-guard": (NOT_APPLICABLE, GUARD_WITHOUT_V2_PART),
         "spec-guard-drafter-off": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", V1_RUNNER_GONE)),
+        "spec-guard-v2-drafter-off": (NOT_APPLICABLE, _outside(V034, V2_GUARD, V2_GUARD_WHY)),
         "spec-guard-zero-draft-sampling": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", V1_RUNNER_GONE)),
         "spec-guard-no-draft-rpc": (NOT_APPLICABLE, V2_ONLY),
         "spec-guard-decode-graphs": (NOT_APPLICABLE, _outside(V034, ">=0.16,<0.34", V1_RUNNER_GONE)),
@@ -166,10 +172,10 @@ V2_FRAGMENT = "built for vLLM's v1 model runner; this engine will use Model Runn
 WITH_SETTINGS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     # asking for Model Runner V2 takes the guard off as a whole, and the v1 drafter's patches
     V032: {
-        "VLLM_USE_V2_MODEL_RUNNER=1": {
+        "VLLM_USE_V2_MODEL_RUNNER=1": {"spec-guard": (NOT_APPLICABLE, GUARD_WITHOUT_V2_PART)}
+        | {
             name: (NOT_APPLICABLE, V2_FRAGMENT)
             for name in (
-                "spec-guard",
                 "spec-guard-drafter-off",
                 "spec-guard-zero-draft-sampling",
                 "spec-guard-no-draft-rpc",

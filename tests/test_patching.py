@@ -223,6 +223,34 @@ def test_a_whole_feature_goes_off_with_any_missing_part(toy, missing):
     assert other.state is PatchState.APPLIED and toy.TABLE["o"] == 1  # other features keep theirs
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_feature_with_parts_per_runner_is_whole_on_either(toy, monkeypatch, runner):
+    """The other runner's parts are not missing parts: the feature acts with its own runner's.
+    (Keys of their own: the registry marks a dict by its id, which a new toy may reuse.)"""
+    _runner(monkeypatch, runner)
+    reg = PatchRegistry()
+    shared = reg.add(make("shared", lambda ctx: ctx.replace_item(toy.TABLE, "shared", 5), feature="guard"))
+    v1 = reg.add(make("v1-part", faster, feature="guard", needs_whole_feature=True, model_runner="v1"))
+    v2 = reg.add(make("v2-part", lambda ctx: ctx.replace_item(toy.TABLE, "v2", 1), feature="guard", model_runner="v2"))
+    reg.apply_all()
+    assert shared.state is PatchState.APPLIED and toy.TABLE["shared"] == 5
+    mine, theirs = (v1, v2) if runner == "v1" else (v2, v1)
+    assert mine.state is PatchState.APPLIED
+    assert theirs.state is PatchState.NOT_APPLICABLE and theirs.reason.startswith("built for")
+
+
+def test_a_feature_without_parts_for_this_runner_is_off(toy, monkeypatch):
+    """Runner-bound parts only for the other runner: the runner-free part does not act alone."""
+    _runner(monkeypatch, "v2")
+    reg = PatchRegistry()
+    shared = reg.add(make("shared", lambda ctx: ctx.replace_item(toy.TABLE, "shared", 5), feature="guard"))
+    v1 = reg.add(make("v1-part", faster, feature="guard", needs_whole_feature=True, model_runner="v1"))
+    reg.apply_all()
+    assert v1.state is PatchState.NOT_APPLICABLE
+    assert shared.state is PatchState.NOT_APPLICABLE and "shared" not in toy.TABLE
+    assert shared.reason == "feature guard incomplete: v1-part not-applicable"
+
+
 def test_a_part_switched_off_by_name_leaves_the_rest_on(toy):
     """VLLM_K2_DISABLE_PATCHES measures a feature without one part: the rest stays."""
     reg = PatchRegistry()

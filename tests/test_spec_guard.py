@@ -199,6 +199,61 @@ def test_runner_patch_probe_sees_the_patched_behaviour(module, attr, probe, wrap
         setattr(owner, attr, stock)
 
 
+def test_v2_drafter_off_skips_propose_only_on_k0_decode_steps(monkeypatch):
+    """Model Runner V2 cannot run on the CPU engines: its contract is stood in for here (the
+    runner's ``execute_model`` gets the step, ``sample_tokens`` proposes and writes each request's
+    draft row). A decode step of one token per request at k = 0 must not reach the drafter and
+    must leave the rows as they were; a k = 3 step, or one with a new request, must."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_k2_plugin.spec_guard import drafter_off_v2
+
+    monkeypatch.setenv("VLLM_K2_ANY_MODEL", "1")
+    proposed = []
+
+    class Speculator:
+        supports_mm_inputs = True
+
+        def propose(self, input_batch, *args, **kwargs):
+            proposed.append(input_batch.idx_mapping.tolist())
+            return torch.full((len(input_batch.idx_mapping), 3), 7)
+
+    class Runner:  # V2's sample_tokens, as far as the drafter goes
+        def __init__(self):
+            self.vllm_config, self.speculator = None, Speculator()
+            self.req_states = SimpleNamespace(draft_tokens=torch.arange(12).reshape(4, 3))
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+            self.batch = SimpleNamespace(idx_mapping=torch.tensor([2, 0]))
+
+        def sample_tokens(self, grammar_output):
+            if self.speculator.supports_mm_inputs:
+                pass  # V2 gathers the drafter's multimodal inputs here
+            drafts = self.speculator.propose(self.batch, None, None)
+            self.req_states.draft_tokens[self.batch.idx_mapping] = drafts
+
+    Runner.execute_model = drafter_off_v2._wrap_execute_model(Runner.execute_model)
+    Runner.sample_tokens = drafter_off_v2._wrap_sample_tokens(Runner.sample_tokens)
+    runner = Runner()
+    before = runner.req_states.draft_tokens.clone()
+
+    def step(k, new=()):
+        out = SimpleNamespace(num_spec_tokens_to_schedule=k, scheduled_new_reqs=list(new))
+        out.num_scheduled_tokens = {"a": 1 + k, "b": 1 + k}
+        runner.execute_model(out)
+        runner.sample_tokens(None)
+
+    step(0)
+    assert proposed == [] and torch.equal(runner.req_states.draft_tokens, before)
+    assert isinstance(runner.speculator, Speculator)  # the real one is back after the step
+    step(0, new=["c"])
+    step(3)
+    assert proposed == [[2, 0], [2, 0]]
+    assert runner.req_states.draft_tokens[2].tolist() == [7, 7, 7]
+
+
 @pytest.mark.parametrize("per_step_k", [True, False], ids=["vllm-has-per-step-k", "no-per-step-k"])
 def test_drafter_off_calls_the_drafter_with_its_own_signature(per_step_k, monkeypatch):
     """At k = 0 the skipped drafter still hands the runner its next tokens: the call must match

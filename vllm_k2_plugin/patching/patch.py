@@ -83,6 +83,9 @@ class Patch:
     # runtime state
     state: PatchState = PatchState.PENDING
     reason: str = ""
+    # not-applicable only because the engine runs the other model runner: a feature with parts
+    # for each runner is whole without the other runner's parts
+    other_runner: bool = False
     replaced: list[tuple] = field(default_factory=list, repr=False)
 
     def describe(self) -> dict[str, str]:

@@ -117,6 +117,15 @@ class PatchRegistry:
         if release is None:
             patch.state, patch.reason = PatchState.NOT_APPLICABLE, "vLLM is not installed"
             return
+        choice = None
+        if patch.model_runner != RUNNER_ANY:
+            if runner is None:
+                runner = []
+            if not runner:
+                runner.append(model_runner_for_kimi())
+            choice = runner[0]
+        # built for the runner this engine will not use: said so unless the range says more
+        patch.other_runner = choice is not None and choice.runner != patch.model_runner
         if not in_range(patch.applies_to, release):
             patch.state = PatchState.NOT_APPLICABLE
             patch.reason = f"vLLM {raw} is outside {patch.applies_to}"
@@ -124,18 +133,12 @@ class PatchRegistry:
             if end is not None and release >= end and patch.why_range_ends:
                 patch.reason += f": {patch.why_range_ends}"
             return
-        if patch.model_runner != RUNNER_ANY:
-            if runner is None:
-                runner = []
-            if not runner:
-                runner.append(model_runner_for_kimi())
-            choice = runner[0]
-            if choice is not None and choice.runner != patch.model_runner:
-                patch.state = PatchState.NOT_APPLICABLE
-                patch.reason = (
-                    f"built for {RUNNER_NAMES[patch.model_runner]}; this engine will use {choice.name} ({choice.how})"
-                )
-                return
+        if patch.other_runner:
+            patch.state = PatchState.NOT_APPLICABLE
+            patch.reason = (
+                f"built for {RUNNER_NAMES[patch.model_runner]}; this engine will use {choice.name} ({choice.how})"
+            )
+            return
         ctx = PatchContext(patch, raw)
         try:
             skip = patch.only_if() if patch.only_if is not None else None
@@ -180,7 +183,12 @@ class PatchRegistry:
         for feature, patches in features.items():
             if not any(p.needs_whole_feature for p in patches):
                 continue
-            missing = next((p for p in patches if p.state in _MISSING_PART), None)
+            # the other runner's parts are not missing, but a feature none of whose runner-bound
+            # parts is for this engine's runner is
+            missing = next((p for p in patches if p.state in _MISSING_PART and not p.other_runner), None)
+            bound = [p for p in patches if p.model_runner != RUNNER_ANY]
+            if missing is None and bound and all(p.other_runner for p in bound):
+                missing = bound[0]
             if missing is None:
                 continue
             for patch in patches:
@@ -194,7 +202,7 @@ class PatchRegistry:
         """Undo every applied patch and mark them pending again (tests use this)."""
         for patch in reversed(list(self)):
             undo(patch)
-            patch.state, patch.reason = PatchState.PENDING, ""
+            patch.state, patch.reason, patch.other_runner = PatchState.PENDING, "", False
 
 
 #: The process-wide registry that features add their patches to.

@@ -26,16 +26,17 @@ from __future__ import annotations
 import time
 
 from ..log import get_logger
-from ..patching import REGISTRY, RUNNER_V1, PatchContext, scope
+from ..patching import REGISTRY, PatchContext, scope
 from ..settings import ENV_SPEC_GUARD, spec_guard_enabled
 from .controller import SpecGuard
 
 MODULE = "vllm.v1.core.sched.scheduler"
 ATTR = "_vllm_k2_spec_guard"
 STEP_ATTR = "_vllm_k2_spec_guard_step"  # on a scheduler output: (scheduled at, batch, k, pure decode)
-#: The guard is built for vLLM's v1 model runner: its k = 0 steps skip the drafter and the
-#: rejection sampler there (drafter_off, zero_draft_sampling). Under Model Runner V2 those parts
-#: cannot apply, and the scheduler half alone would still run the drafter: the feature is all or none.
+#: The scheduler half serves both model runners; the runner half differs: on the v1 runner k = 0
+#: steps skip the drafter and the rejection sampler (drafter_off, zero_draft_sampling), under
+#: Model Runner V2 the drafter (drafter_off_v2). Without its runner's half the scheduler half
+#: alone would still run the drafter: the feature is all or none.
 V1_RUNNER_GONE = "vLLM 0.34 removed its v1 model runner (vllm/v1/worker/gpu_model_runner.py)"
 
 
@@ -156,6 +157,10 @@ def _wrap_init(original):
         k = int(getattr(self, "num_spec_tokens", 0) or 0)
         if k <= 0 or not scope.acts("spec-guard", self.vllm_config):
             return
+        if getattr(self, "use_v2_model_runner", False) and not self.scheduler_config.async_scheduling:
+            # V2 then hands back k placeholder drafts per request whatever the step's k: no k of ours holds
+            logger().info("vllm-k2: speculation guard off: Model Runner V2 without async scheduling")
+            return
         size = int(self.scheduler_config.max_num_seqs) + 1
         lookup = hasattr(self, "dynamic_sd_lookup")  # this vLLM schedules a per-step k of its own
         user = self.dynamic_sd_lookup if lookup else None
@@ -256,7 +261,6 @@ def logger():
     target=f"{MODULE}:Scheduler.schedule",
     applies_to=">=0.16,<0.35",
     needs_whole_feature=True,
-    model_runner=RUNNER_V1,
     only_if=switched_off,
     already_upstream=_upstream_adapts_k,
     upstream="none yet (vLLM's dynamic speculative decoding takes a fixed batch-size schedule)",
