@@ -254,6 +254,19 @@ def test_v2_drafter_off_skips_propose_only_on_k0_decode_steps(monkeypatch):
     assert runner.req_states.draft_tokens[2].tolist() == [7, 7, 7]
 
 
+@pytest.mark.parametrize(("setting", "acts"), [(None, False), ("1", True), ("0", False)])
+def test_v2_drafter_off_acts_only_when_asked_for(setting, acts, monkeypatch):
+    """Not yet run on a GPU: under Model Runner V2 the guard's runner half (and so the guard)
+    acts only where VLLM_K2_SPEC_GUARD=1 asks for it, not at the setting's default."""
+    from vllm_k2_plugin.spec_guard import drafter_off_v2
+
+    if setting is None:
+        monkeypatch.delenv("VLLM_K2_SPEC_GUARD", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_K2_SPEC_GUARD", setting)
+    assert (drafter_off_v2._not_asked_for() is None) is acts
+
+
 @pytest.mark.parametrize("per_step_k", [True, False], ids=["vllm-has-per-step-k", "no-per-step-k"])
 def test_drafter_off_calls_the_drafter_with_its_own_signature(per_step_k, monkeypatch):
     """At k = 0 the skipped drafter still hands the runner its next tokens: the call must match

@@ -9,11 +9,15 @@ hands ``sample_tokens`` a stand-in speculator that drafts nothing: each request'
 what it held (the next step verifies none of it), and the drafter's KV cache misses that
 stretch's tokens, as under the v1 runner's drafter_off (measured there: acceptance after such a
 stretch within 3 % of a drafter that ran).
+
+Not yet run on a GPU: until it is, the guard acts under Model Runner V2 only where
+VLLM_K2_SPEC_GUARD=1 asks for it (unset, the guard stays off there, as before).
 """
 
 from __future__ import annotations
 
 from ..patching import REGISTRY, RUNNER_V2, PatchContext, scope
+from ..settings import ENV_SPEC_GUARD, spec_guard_asked_for
 from .patch import drafter_skipped, switched_off
 
 MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -63,6 +67,13 @@ def _wrap_sample_tokens(original):
     return sample_tokens
 
 
+def _not_asked_for() -> str | None:
+    off = switched_off()
+    if off or spec_guard_asked_for():
+        return off
+    return f"not yet run on a GPU with Model Runner V2: {ENV_SPEC_GUARD}=1 turns it on"
+
+
 def _upstream_skips_drafter() -> bool:
     """Does V2 itself skip the drafter on a k = 0 decode step? Read from its ``sample_tokens``:
     where it consults the step's per-step k before proposing, upstream has this."""
@@ -82,7 +93,7 @@ def _upstream_skips_drafter() -> bool:
     needs_whole_feature=True,
     model_runner=RUNNER_V2,
     why_range_ends="written and measured against vLLM 0.26's Model Runner V2 only",
-    only_if=switched_off,
+    only_if=_not_asked_for,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (V2 runs the speculator on every step; vllm-project/vllm#54082 asks for K in {0, K})",
     why="under Model Runner V2 a step scheduled at k = 0 still ran every drafter pass",
