@@ -21,7 +21,7 @@ NO_BUILD_FOR_DRAFTING = "vLLM 0.34's TRITON_ATTN builder has no build_for_drafti
 MLA_CLASS_UPSTREAM = "vLLM 0.18 ships its own class for these drafters"
 PCIE_OFF = "off by default (VLLM_K2_PCIE_ALLREDUCE=1 turns it on)"
 V2_GUARD = ">=0.26,<0.27"
-V2_GUARD_WHY = "written and measured against vLLM 0.26's Model Runner V2 only"
+V2_GUARD_WHY = "written against vLLM 0.26's Model Runner V2 only (read in its sources)"
 GUARD_WITHOUT_V2_PART = "feature spec_guard incomplete: spec-guard-v2-drafter-off not-applicable"
 
 

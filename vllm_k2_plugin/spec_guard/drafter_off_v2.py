@@ -92,11 +92,11 @@ def _upstream_skips_drafter() -> bool:
     applies_to=">=0.26,<0.27",
     needs_whole_feature=True,
     model_runner=RUNNER_V2,
-    why_range_ends="written and measured against vLLM 0.26's Model Runner V2 only",
+    why_range_ends="written against vLLM 0.26's Model Runner V2 only (read in its sources)",
     only_if=_not_asked_for,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (V2 runs the speculator on every step; vllm-project/vllm#54082 asks for K in {0, K})",
-    why="under Model Runner V2 a step scheduled at k = 0 still ran every drafter pass",
+    why="Model Runner V2 runs every drafter pass also on a step scheduled at k = 0 (vLLM 0.26's sources)",
     remove_when="Model Runner V2 reads the step's k before proposing (the probe reads sample_tokens)",
 )
 def _apply(ctx: PatchContext) -> None:
