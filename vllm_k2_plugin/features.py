@@ -22,6 +22,7 @@ FEATURE_PATCH_MODULES = (
     "vllm_k2_plugin.spec_guard.patch",
     "vllm_k2_plugin.spec_guard.drafter_off",
     "vllm_k2_plugin.spec_guard.drafter_off_v2",
+    "vllm_k2_plugin.spec_guard.decode_graphs_v2",
     "vllm_k2_plugin.spec_guard.zero_draft_sampling",
     "vllm_k2_plugin.spec_guard.no_draft_rpc",
     "vllm_k2_plugin.spec_guard.decode_graphs",

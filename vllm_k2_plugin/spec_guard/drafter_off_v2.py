@@ -21,6 +21,9 @@ from ..settings import ENV_SPEC_GUARD, spec_guard_asked_for
 from .patch import drafter_skipped, switched_off
 
 MODULE = "vllm.v1.worker.gpu.model_runner"
+#: the releases whose Model Runner V2 the guard's runner half was written against (shared by its parts)
+V2_GUARD_RANGE = ">=0.26,<0.27"
+V2_GUARD_RANGE_ENDS = "written against vLLM 0.26's Model Runner V2 only (read in its sources)"
 FLAG = "_k2_step_skips_drafter"
 
 
@@ -67,7 +70,7 @@ def _wrap_sample_tokens(original):
     return sample_tokens
 
 
-def _not_asked_for() -> str | None:
+def not_asked_for() -> str | None:
     off = switched_off()
     if off or spec_guard_asked_for():
         return off
@@ -89,11 +92,11 @@ def _upstream_skips_drafter() -> bool:
     name="spec-guard-v2-drafter-off",
     feature="spec_guard",
     target=f"{MODULE}:GPUModelRunner.sample_tokens",
-    applies_to=">=0.26,<0.27",
+    applies_to=V2_GUARD_RANGE,
     needs_whole_feature=True,
     model_runner=RUNNER_V2,
-    why_range_ends="written against vLLM 0.26's Model Runner V2 only (read in its sources)",
-    only_if=_not_asked_for,
+    why_range_ends=V2_GUARD_RANGE_ENDS,
+    only_if=not_asked_for,
     already_upstream=_upstream_skips_drafter,
     upstream="none yet (V2 runs the speculator on every step; vllm-project/vllm#54082 asks for K in {0, K})",
     why="Model Runner V2 runs every drafter pass also on a step scheduled at k = 0 (vLLM 0.26's sources)",
