@@ -283,7 +283,10 @@ def test_v2_decode_graphs_plan_one_token_graphs_beside_one_plus_k(monkeypatch):
 
     monkeypatch.setattr(decode_graphs_v2.scope, "acts", lambda *a, **k: True)
     # what 0.32's planner reads beyond 0.26's (its varlen decode graphs and micro-batches off)
-    config = {"cache_config": SimpleNamespace(use_kda_recoverssm=False), "parallel_config": SimpleNamespace(data_parallel_size=1)}
+    config = {
+        "cache_config": SimpleNamespace(use_kda_recoverssm=False),
+        "parallel_config": SimpleNamespace(data_parallel_size=1),
+    }
     manager = {"varlen_decode": False, "ubatch_runner": None, "graphs": {}, "breakable_cg_runner": None}
 
     def plan():
@@ -303,8 +306,9 @@ def test_v2_decode_graphs_plan_one_token_graphs_beside_one_plus_k(monkeypatch):
         desc = ours.dispatch(reqs, tokens, per_req, 0)
         assert (desc.cg_mode, desc.uniform_token_count, desc.num_tokens) == (CUDAGraphMode.FULL, per_req, graph_tokens)
     # a per-batch-size table of the user's is planned for as the user gave it
-    user = decode_graphs_v2._Delegate(ours.vllm_config.speculative_config, uses_dynamic_speculative_decoding=lambda: True)
-    assert decode_graphs_v2.with_one_token_decode(decode_graphs_v2._Delegate(ours.vllm_config, speculative_config=user), 16) is None
+    delegate = decode_graphs_v2._Delegate
+    user = delegate(ours.vllm_config.speculative_config, uses_dynamic_speculative_decoding=lambda: True)
+    assert decode_graphs_v2.with_one_token_decode(delegate(ours.vllm_config, speculative_config=user), 16) is None
 
 
 @pytest.mark.parametrize("per_step_k", [True, False], ids=["vllm-has-per-step-k", "no-per-step-k"])

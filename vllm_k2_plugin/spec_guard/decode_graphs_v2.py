@@ -130,7 +130,7 @@ def one_token_decode_sizes(manager) -> list[int]:
     already_upstream=_upstream_plans_one_token_graphs,
     upstream="none yet (later releases capture decode graphs of any query length up to 1 + k)",
     why="Model Runner V2 plans full decode graphs only for 1 + k tokens per request (vLLM 0.26's sources)",
-    remove_when="Model Runner V2 plans full graphs for one-token decode steps of a speculative engine (the probe asks its planner)",
+    remove_when="V2 plans full graphs for one-token decode steps of a speculative engine (the probe asks its planner)",
 )
 def _apply(ctx: PatchContext) -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
