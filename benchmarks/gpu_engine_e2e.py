@@ -267,6 +267,13 @@ def _patch_states(worker) -> dict[str, str]:
     return {p.name: p.state.value for p in REGISTRY}
 
 
+def _patch_reasons(worker) -> dict[str, str]:
+    """Why each patch that did not apply is in its state (the README's release table reads them)."""
+    from vllm_k2_plugin.patching import REGISTRY
+
+    return {p.name: p.reason for p in REGISTRY if p.reason}
+
+
 def _kv_cache_tokens(worker) -> int:
     """Tokens the engine's KV cache holds: blocks x block size (a drafter's layers share the
     blocks: a speculative engine holds fewer tokens in the same kv_cache_memory_bytes)."""
@@ -470,6 +477,7 @@ def run_case(case: dict) -> dict:
     result["engine_route"] = os.environ.get("E2E_ENGINE_ROUTE", "vLLM's own wheel")
     result["impls"] = llm.collective_rpc(_install_counters)[0]
     result["patches"] = llm.collective_rpc(_patch_states)[0]
+    result["patch_reasons"] = llm.collective_rpc(_patch_reasons)[0]
     result["kv_cache_tokens"] = llm.collective_rpc(_kv_cache_tokens)[0]
     if dummy:
         k = spec["k"] if spec else 3
