@@ -1586,6 +1586,7 @@ def gpu_patches() -> list[str]:
 
 def case_env(case: dict, group_dir: str, size: int) -> dict:
     env = dict(os.environ, E2E_GROUP_DIR=group_dir, E2E_GROUP_SIZE=str(size), VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    env["PYTHONFAULTHANDLER"] = "1"  # a case stopped as stuck prints every process's stacks (run_suite)
     if case.get("graphs") and not case.get("aot_compile"):
         # Cases compile with backend "eager" (no Inductor wait). With that backend vLLM 0.20 skips AOT
         # compilation but, AOT being on by default, re-hashes the whole config on every call of a
@@ -1632,7 +1633,7 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
 def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str], budget_s: float) -> int:
     """Run a suite's cases; returns how many produced a result. A first group in which no engine
     came up ends the suite (the others would fail the same way and spend the device call)."""
-    from vllm_k2_tools.procs import start_group
+    from vllm_k2_tools.procs import dump_group_stacks, start_group
 
     out.mkdir(parents=True, exist_ok=True)
     cases = suite(name, models)
@@ -1685,8 +1686,14 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
         pending = list(procs)
         ok_before = _results(out)
         while pending:  # poll all: a peer that died must release the others' barrier at once
+            stalled = _all_silent([out / f"{c['name']}.log" for c, _, _ in pending], STALL_S)
+            if stalled or time.time() > deadline:
+                why = f"its log silent for {STALL_S} s" if stalled else "out of the call's budget"
+                print(f"STOP {[c['name'] for c, _, _ in pending]}: {why}; stacks in their logs", flush=True)
+                for _, proc, _ in pending:
+                    dump_group_stacks(proc)
             for item in list(pending):
-                if item[1].poll() is not None or time.time() > deadline:
+                if item[1].poll() is not None or stalled or time.time() > deadline:
                     _finish(*item, gdir, out)
                     pending.remove(item)
             time.sleep(0.5)
@@ -1696,6 +1703,19 @@ def run_suite(name: str, models: Path, out: Path, parallel: int, only: list[str]
             print(f"SKIP (no engine of the first group came up) {[c['name'] for c in cases[parallel:]]}", flush=True)
             return 0
     return _results(out)
+
+
+#: A group whose every running case has written nothing to its log for this long is stuck (an
+#: H100 call on 2026-12-07 spent its whole budget on two vLLM 0.16 engines that stopped logging
+#: before loading their model): its stacks are dumped and the call goes on with the next step.
+#: Measured quiet spans are far shorter (graph captures and compiles log progress).
+STALL_S = 240
+
+
+def _all_silent(logs: list[Path], quiet_s: float) -> bool:
+    """True when none of ``logs`` has been written to for ``quiet_s`` seconds."""
+    now = time.time()
+    return bool(logs) and all(now - log.stat().st_mtime > quiet_s for log in logs if log.exists())
 
 
 def _results(out: Path) -> int:

@@ -85,3 +85,32 @@ def test_names_are_unique_across_suites(tmp_path):
 def test_an_unknown_suite_names_the_known_ones(tmp_path):
     with pytest.raises(SystemExit, match="unknown suite 'nope': tiny, slice"):
         e2e.suite("nope", tmp_path)
+
+
+def test_a_stuck_case_leaves_its_stacks_in_its_log(tmp_path):
+    """A case whose log stops growing is declared stuck once every running case has been silent
+    that long, and stopping it makes each Python process of its group print where it hung (the
+    case's environment carries PYTHONFAULTHANDLER)."""
+    import os
+    import subprocess
+    import time
+
+    from vllm_k2_tools.procs import dump_group_stacks, start_group, stop_group
+
+    log_path = tmp_path / "case.log"
+    hang = "import time\ndef waiting_for_the_engine():\n    print('up', flush=True)\n    time.sleep(600)\n"
+    hang += "waiting_for_the_engine()\n"
+    env = e2e.case_env({"task": "steps", "backend": "ours"}, str(tmp_path), 1)
+    with log_path.open("w") as log:
+        proc = start_group([sys.executable, "-c", hang], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while "up" not in log_path.read_text():
+                time.sleep(0.1)
+            assert not e2e._all_silent([log_path], 5)
+            old = time.time() - 10
+            os.utime(log_path, (old, old))
+            assert e2e._all_silent([log_path], 5)
+            dump_group_stacks(proc)
+        finally:
+            stop_group(proc, grace_s=0)
+    assert "waiting_for_the_engine" in log_path.read_text()
