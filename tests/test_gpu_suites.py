@@ -114,3 +114,9 @@ def test_a_stuck_case_leaves_its_stacks_in_its_log(tmp_path):
         finally:
             stop_group(proc, grace_s=0)
     assert "waiting_for_the_engine" in log_path.read_text()
+
+
+def test_no_log_yet_is_not_a_stall(tmp_path):
+    """Before any case has opened its log nothing can be called silent (a stall then would stop
+    every group at its start)."""
+    assert not e2e._all_silent([tmp_path / "not-yet.log"], 0)
