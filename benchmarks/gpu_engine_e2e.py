@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -1127,6 +1128,45 @@ def _k0_host_section(runs: dict, summary: dict) -> list[str]:
     return L + [""]
 
 
+def _k0_steps_section(runs: dict, summary: dict) -> list[str]:
+    """Suites v16k0slice / v26k0slice: a speculative engine whose guard holds k at 0 from its
+    first step against a plain engine, step times by context (what speculation costs while off)."""
+    st = {n: r for n, r in runs.items() if "k0slice" in n and "contexts" in r}
+    if not st:
+        return []
+    ctxs = sorted({int(c) for r in st.values() for c in r["contexts"]})
+    step = {n: {int(c): _ms_per_step(v) for c, v in r["contexts"].items()} for n, r in st.items()}
+    L = [
+        "## A speculative engine with its guard at k = 0 against a plain engine (suites `v16k0slice`, `v26k0slice`)",
+        "",
+        "The 6-layer K2.5 slice, dummy weights, routers spread; EAGLE-3 k = 3 with the guard's k forced to 0 "
+        "from the first step (no drafts, no verify width). One engine measured at a time. Step in ms = "
+        "(t(129 tokens) - t(1 token)) / steps, median of 5 rounds; '/ plain': against the plain engine of the "
+        "same runner. Runner: `v2` = Model Runner V2 (`VLLM_USE_V2_MODEL_RUNNER=1`), else the v1 runner.",
+        "",
+        "| case | runner | " + " | ".join(f"{c // 1024}k" for c in ctxs) + " | / plain | draft tokens | "
+        "patches switched off |",
+        "|---|---|" + "---:|" * len(ctxs) + "---:|---:|---|",
+    ]
+    summary["k0_steps_ms"] = step
+    for n in sorted(st):
+        r = st[n]
+        runner = "v2" if r["case"].get("env", {}).get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+        plain = re.sub(r"-eagle3-k3-forced-k0.*$", "-plain", n)
+        ratio = (
+            " / ".join(str(round(step[n][c] / step[plain][c], 3)) for c in ctxs if c in step[n] and c in step[plain])
+            if plain != n and plain in step
+            else "-"
+        )
+        drafted = sum(v["spec"].get("draft_tokens", 0) for v in r["contexts"].values())
+        off = ", ".join(r["case"].get("disable", [])) or "-"
+        L.append(
+            f"| {n} | {runner} | " + " | ".join(str(step[n].get(c, "-")) for c in ctxs) + f" | {ratio} | "
+            f"{drafted} | {off} |"
+        )
+    return L + [""]
+
+
 def _gpu_busy_per_decode_step(run: dict):
     """The profile's GPU busy ms per engine step, where its steps were counted as decode steps
     (files written before that counted drafting steps, which a guard at k = 0 barely has)."""
@@ -1323,6 +1363,7 @@ def report(raw_paths: list[Path], out: Path, acceptance: Path | None = None, com
     L += _failed_section(raw_paths, summary)
     L += _quant_section(runs, summary)
     L += _mla_section(runs, summary)
+    L += _k0_steps_section(runs, summary)
     L += _k0_host_section(runs, summary)
     L += _runners_section(runs, summary)
     prof = {n: r["profile"] for n, r in runs.items() if "profile" in r and "k0prof-" not in n}

@@ -236,10 +236,29 @@ FEATURE_WORDS = {
     "comm": "one-shot all-reduce over PCIe (opt-in)",
     "cpu": "vLLM-CPU fixes",
 }
+#: vLLM 0.26 pins torch 2.11 and has no CPU wheel this machine can install: its column is each
+#: patch's state and reason as a GPU engine reported them (H100, Model Runner V2, EAGLE-3 with the
+#: guard; the case's result file, written by benchmarks/gpu_engine_e2e.py). A patch newer than
+#: that run is "not run" there until a later run's file replaces this one.
+V026_V2_RUN = "benchmarks/results/spec_guard_gpu/vllm026_h100_k0_v2/raw/v26k0slice6-v2-eagle3-k3-forced-k0.json"
+NOT_RUN = "not run"
+
+
+def run_states(result_file: str) -> dict[str, tuple[str, str]]:
+    """Each patch's (state, reason) as the engine of a GPU case's result file reported them."""
+    import json
+    from pathlib import Path
+
+    run = json.loads((Path(__file__).resolve().parent.parent / result_file).read_text())
+    reasons = run.get("patch_reasons", {})
+    return {name: (state, reasons.get(name, "")) for name, state in run["patches"].items()}
+
+
 #: Columns: (header, patch states, Model Runner V2?). Model Runner V2 on 0.32 as register()
 #: reports it with VLLM_USE_V2_MODEL_RUNNER=1 on the CPU wheel (test_settings_that_change_the_runner).
 TABLE_COLUMNS = (
     ("0.16 (v1 runner)", EXPECTED[V016], False),
+    ("0.26, Model Runner V2 (a GPU run)", run_states(V026_V2_RUN), True),
     ("0.28 / 0.29, v1 runner", EXPECTED[V029], False),
     ("0.32, v1 runner", EXPECTED[V032], False),
     ("0.32, Model Runner V2", {**EXPECTED[V032], **WITH_SETTINGS[V032]["VLLM_USE_V2_MODEL_RUNNER=1"]}, True),
@@ -255,6 +274,8 @@ def feature_cell(states: list[tuple[str, str]]) -> str:
     one), opt-in, vLLM has it (every patch that could act is retired), or does not apply."""
     if any(s == APPLIED for s, _ in states):
         return "acts"
+    if any(s == NOT_RUN for s, _ in states):
+        return "not run"
     if any(s == NOT_APPLICABLE and r == NO_CUDA for s, r in states):
         return "acts on a GPU"
     if any(s == NOT_APPLICABLE and r == PCIE_OFF for s, r in states):
@@ -282,7 +303,7 @@ def feature_table() -> str:
     v1_only = {p.name for p in REGISTRY if p.model_runner == "v1" or p.feature == "cpu"}
     for feature, words in FEATURE_WORDS.items():
         cells = [
-            feature_cell([V2_OFF if v2 and n in v1_only else states[n] for n in by_feature[feature]])
+            feature_cell([V2_OFF if v2 and n in v1_only else states.get(n, (NOT_RUN, "")) for n in by_feature[feature]])
             for _, states, v2 in TABLE_COLUMNS
         ]
         lines.append(f"| {words} (`{feature}`) | " + " | ".join(cells) + " |")

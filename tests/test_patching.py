@@ -387,3 +387,29 @@ def test_readme_patch_table_lists_every_registered_patch():
     section = readme.split("## What the plugin does today", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `([a-z0-9.-]+)` \|", section, flags=re.M))
     assert rows == {p.name for p in REGISTRY}
+
+
+def test_a_process_that_ran_register_can_still_fork_an_engine_core(tmp_path):
+    """vLLM runs register() in its API-server / LLM process and, on a CUDA machine, forks its
+    engine core from it. A probe of ours whose torch op ran in parallel there started GNU
+    OpenMP's workers, and the forked core hung at its first large CPU buffer (vLLM 0.16 engines
+    on an H100, stacks in benchmarks/results/spec_guard_gpu/). register() keeps torch on one
+    thread; the job forks through vLLM's own start-method choice and allocates with vLLM's own
+    buffer class, and a child that hangs is killed after 60 s."""
+    import json
+    import subprocess
+
+    from .conftest import REPO, engine_env
+
+    result_path = tmp_path / "result.json"
+    env = engine_env()
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # vLLM's default (fork), as on a CUDA machine
+    subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fork_engine_core_job.py"), "register", str(result_path)],
+        env=env,
+        timeout=240,
+        check=True,
+    )
+    result = json.loads(result_path.read_text())
+    assert result["method"] == "fork", result  # vLLM's CUDA-machine path, or this proves nothing
+    assert result["child"] == "ok", f"the engine core hung after register(); threads started by {result}"

@@ -254,17 +254,20 @@ def test_v2_drafter_off_skips_propose_only_on_k0_decode_steps(monkeypatch):
     assert runner.req_states.draft_tokens[2].tolist() == [7, 7, 7]
 
 
-@pytest.mark.parametrize(("setting", "acts"), [(None, False), ("1", True), ("0", False)])
-def test_v2_drafter_off_acts_only_when_asked_for(setting, acts, monkeypatch):
-    """Not yet run on a GPU: under Model Runner V2 the guard's runner half (and so the guard)
-    acts only where VLLM_K2_SPEC_GUARD=1 asks for it, not at the setting's default."""
-    from vllm_k2_plugin.spec_guard import drafter_off_v2
+@pytest.mark.parametrize(("setting", "acts"), [(None, True), ("1", True), ("0", False)])
+@pytest.mark.parametrize("name", ["spec-guard-v2-drafter-off", "spec-guard-v2-decode-graphs"])
+def test_v2_guard_parts_follow_the_guard_setting(name, setting, acts, monkeypatch):
+    """Under Model Runner V2 the guard's runner parts act as the guard does on the v1 runner:
+    on by default, off with VLLM_K2_SPEC_GUARD=0."""
+    from vllm_k2_plugin.features import load_feature_patches
+    from vllm_k2_plugin.patching import REGISTRY
 
+    load_feature_patches()
     if setting is None:
         monkeypatch.delenv("VLLM_K2_SPEC_GUARD", raising=False)
     else:
         monkeypatch.setenv("VLLM_K2_SPEC_GUARD", setting)
-    assert (drafter_off_v2.not_asked_for() is None) is acts
+    assert (REGISTRY[name].only_if() is None) is acts
 
 
 @pytest.mark.vllm_latest

@@ -30,9 +30,12 @@ def register() -> None:
 
     try:
         from .features import load_feature_patches
+        from .threads import caller_thread_only
 
-        load_feature_patches(settings.extra_patch_modules)
-        REGISTRY.apply_all(disabled=settings.disabled_patches, strict=settings.strict)
+        # the probes' torch ops run in vLLM's API-server process too, which forks the engine core
+        with caller_thread_only():
+            load_feature_patches(settings.extra_patch_modules)
+            REGISTRY.apply_all(disabled=settings.disabled_patches, strict=settings.strict)
     except StrictModeAbort:
         raise
     except Exception as e:  # noqa: BLE001 - the plugin must not take vLLM down

@@ -89,11 +89,6 @@ def spec_guard_enabled() -> bool:
     return bool(env_flag(ENV_SPEC_GUARD, default=True))
 
 
-def spec_guard_asked_for() -> bool:
-    """VLLM_K2_SPEC_GUARD set to a true word (not just left at its default)."""
-    return bool(env_flag(ENV_SPEC_GUARD, default=False))
-
-
 def any_model() -> bool:
     """VLLM_K2_ANY_MODEL=1: the GPU/performance patches act for models outside the K2 family too."""
     return bool(env_flag(ENV_ANY_MODEL, default=False))
