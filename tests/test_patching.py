@@ -413,3 +413,32 @@ def test_a_process_that_ran_register_can_still_fork_an_engine_core(tmp_path):
     result = json.loads(result_path.read_text())
     assert result["method"] == "fork", result  # vLLM's CUDA-machine path, or this proves nothing
     assert result["child"] == "ok", f"the engine core hung after register(); threads started by {result}"
+
+
+def test_the_drafter_check_keeps_torch_on_one_thread(monkeypatch):
+    """The drafter check runs while vLLM builds the speculative config, in the process it then
+    forks its engine from; its d2t check's ops over a K2.5 drafter's draft vocabulary (32,000
+    entries and up) can be big enough to start torch's OpenMP workers, which a forked engine
+    would deadlock on. The config hook runs its checks, and vLLM's own config code, on one torch
+    thread and gives the count back after. Both checks are stood in for by recorders of the
+    thread count (the real ones need a drafter on disk)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_k2_plugin.models import eagle3_preflight as pf
+
+    seen = []
+    monkeypatch.setattr(pf, "resolve_draft", lambda path, revision=None: path)
+    monkeypatch.setattr(pf, "check_drafter_class", lambda draft_dir: seen.append(("class", torch.get_num_threads())))
+    monkeypatch.setattr(pf, "preflight", lambda *args: seen.append(("preflight", torch.get_num_threads())))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        hook = pf._wrap(lambda self, *args, **kwargs: seen.append(("vllm", torch.get_num_threads())) or "spec")
+        engine_args = SimpleNamespace(speculative_config={"method": "eagle3", "model": "drafter"}, load_format=None)
+        assert hook(engine_args, None, None) == "spec"
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [("class", 1), ("vllm", 1), ("preflight", 1)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from vllm_k2_plugin.patching import REGISTRY, PatchContext
+from vllm_k2_plugin.threads import caller_thread_only
 
 from .eagle3_checks import MLA_ARCHS, DraftCheckError, TargetShape, architecture, check_draft, read_draft_config
 
@@ -98,11 +99,14 @@ def check_drafter_class(draft_dir: str) -> None:
 def _wrap(original):
     def create_speculative_config(self, target_model_config, target_parallel_config, *args, **kwargs):
         asked = self.speculative_config if isinstance(self.speculative_config, dict) else {}
-        if asked.get("method") == "eagle3" and isinstance(asked.get("model"), str):
-            # before vLLM's own, less clear, errors
-            check_drafter_class(resolve_draft(asked["model"], asked.get("revision")))
-        spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
-        preflight(spec, target_model_config, getattr(self, "load_format", None))
+        # this runs in the process vLLM forks its engine from: no torch worker threads there
+        # (the d2t check's ops over a K2.5 drafter's vocabulary are big enough to start them)
+        with caller_thread_only():
+            if asked.get("method") == "eagle3" and isinstance(asked.get("model"), str):
+                # before vLLM's own, less clear, errors
+                check_drafter_class(resolve_draft(asked["model"], asked.get("revision")))
+            spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
+            preflight(spec, target_model_config, getattr(self, "load_format", None))
         return spec
 
     return create_speculative_config
