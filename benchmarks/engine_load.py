@@ -255,6 +255,24 @@ def report(paths: list, out, command: str, keep_raw: bool = False) -> str:
             *kv,
             "```",
         ]
+    traced = [c for c in cases if c.get("guard_steps")]
+    if traced:
+        lines += [
+            "",
+            "The step times the guard was fed (warm-up and every concurrency; `guard_steps` in raw/), in ms, by",
+            "batch-size bucket and k. Where steps overlap the guard times a step as the gap between two outputs:",
+            "gaps far below a plain engine's time per output token mean outputs came back close together.",
+            "",
+            "| mode | requests | k | steps | min | p10 | median | mean | p90 |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in traced:
+            for bucket, by_k in c["guard_steps"].items():
+                for k, st in by_k.items():
+                    lines.append(
+                        f"| {c['case']['name']} | {bucket} | {k} | {st['n']} | {st['min']} | {st['p10']} | "
+                        f"{st['median']} | {st['mean']} | {st['p90']} |"
+                    )
     guard_lines = sorted({ln for c in cases for ln in c.get("log_lines", []) if "speculation guard" in ln})
     if guard_lines:
         lines += ["", "The speculation guard's decisions (engine log):", "", "```", *guard_lines, "```"]

@@ -533,6 +533,10 @@ def run_case(case: dict) -> dict:
             result["load"] = [
                 run_load(llm, prompts[: case["requests"][str(c)]], c, case["max_tokens"]) for c in case["concurrency"]
             ]
+            if case.get("guard_trace") and os.path.exists(os.environ["GUARD_STEP_LOG"]):
+                from benchmarks.guard_step_trace import summarize
+
+                result["guard_steps"] = summarize(os.environ["GUARD_STEP_LOG"])
         elif case["task"] == "steps":
             rng = random.Random(0)
             vocab = case["vocab"]
@@ -1666,6 +1670,9 @@ def case_env(case: dict, group_dir: str, size: int) -> dict:
         env["VLLM_K2_SPEC_GUARD"] = "1"
         env["FORCED_K_SCHEDULE"] = case["forced_k"]
         env["FORCED_K_LOG"] = os.path.join(group_dir, f"{case['name']}.forced_k.jsonl")
+    if case.get("guard_trace"):  # every step time the guard is fed (guard_step_trace.py)
+        extra.append("benchmarks.guard_step_trace")
+        env["GUARD_STEP_LOG"] = os.path.join(group_dir, f"{case['name']}.guard_steps.jsonl")
     if extra:
         env["VLLM_K2_EXTRA_PATCH_MODULES"] = ",".join(extra)
     return env

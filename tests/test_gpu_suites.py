@@ -120,3 +120,28 @@ def test_no_log_yet_is_not_a_stall(tmp_path):
     """Before any case has opened its log nothing can be called silent (a stall then would stop
     every group at its start)."""
     assert not e2e._all_silent([tmp_path / "not-yet.log"], 0)
+
+
+def test_a_traced_guard_case_writes_every_step_time_it_is_fed(tmp_path, monkeypatch):
+    """Cases with ``guard_trace`` load benchmarks/guard_step_trace.py into the engine: each step
+    time the guard observes lands in the group's trace file, and the case's result file gets its
+    statistics by batch-size bucket and k (the load report prints them)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import guard_step_trace as trace
+    from vllm_k2_plugin.spec_guard.controller import SpecGuard
+
+    case = {"name": "traced", "task": "load", "backend": "ours", "guard_trace": True}
+    env = e2e.case_env(case, str(tmp_path), 1)
+    assert "benchmarks.guard_step_trace" in env["VLLM_K2_EXTRA_PATCH_MODULES"].split(",")
+    log = tmp_path / "traced.guard_steps.jsonl"
+    assert env["GUARD_STEP_LOG"] == str(log)
+    monkeypatch.setenv("GUARD_STEP_LOG", str(log))
+    monkeypatch.setattr(SpecGuard, "observe_step", trace.wrap_observe_step(SpecGuard.observe_step))
+    guard = SpecGuard(max_k=3)
+    for ms in (2.0, 0.4, 2.2, 0.5, 2.1):  # one request at k = 3: outputs in bursts
+        guard.observe_step(1, 3, ms)
+    guard.observe_step(3, 0, 1.5)
+    stats = trace.summarize(str(log))
+    assert stats["1+"]["3"] == {"n": 5, "min": 0.4, "p10": 0.4, "median": 2.0, "mean": 1.44, "p90": 2.2}
+    assert stats["2+"]["0"]["n"] == 1
+    assert len(guard.step_ms(1)) == 1  # the guard itself still got every step

@@ -51,3 +51,19 @@ def test_identity_counts_greedy_requests_only():
     spec = {"per_request": [{"i": 0, "greedy": True, "tokens": [1, 3]}, {"i": 1, "greedy": False, "tokens": None}]}
     assert engine_load._identity(plain, plain) == "1/1"
     assert engine_load._identity(plain, spec) == "0/1"
+
+
+def test_the_report_prints_the_step_times_the_guard_was_fed(tmp_path):
+    """A case run with ``guard_trace`` carries ``guard_steps`` (benchmarks/guard_step_trace.py);
+    the report prints one row per bucket and k."""
+    raw = REPO / "benchmarks" / "results" / "load_gpu" / "vllm026_v2_h100_guard" / "raw"
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    for p in sorted(raw.glob("*.json.gz")):
+        r = json.loads(gzip.decompress(p.read_bytes()))
+        if r["case"]["name"].endswith("-never-guard"):
+            r["guard_steps"] = {"2+": {"0": {"n": 9, "min": 0.4, "p10": 0.4, "median": 2.1, "mean": 1.9, "p90": 2.5}}}
+        (cases / f"{r['case']['name']}.json").write_text(json.dumps(r))
+    engine_load.report([cases], tmp_path / "out", "x")
+    md = (tmp_path / "out" / "load.md").read_text()
+    assert "| v26-v2-load-eagle3-k3-never-guard | 2+ | 0 | 9 | 0.4 | 0.4 | 2.1 | 1.9 | 2.5 |" in md
