@@ -127,8 +127,14 @@ def test_a_traced_guard_case_writes_every_step_time_it_is_fed(tmp_path, monkeypa
     time the guard observes lands in the group's trace file, and the case's result file gets its
     statistics by batch-size bucket and k (the load report prints them)."""
     sys.path.insert(0, str(REPO))
-    from benchmarks import guard_step_trace as trace
+    from vllm_k2_plugin.patching import REGISTRY
     from vllm_k2_plugin.spec_guard.controller import SpecGuard
+
+    try:
+        from benchmarks import guard_step_trace as trace
+    finally:  # importing it registers its bench patch: not one of this process's patches
+        if "bench-guard-step-trace" in REGISTRY:
+            REGISTRY.remove("bench-guard-step-trace")
 
     case = {"name": "traced", "task": "load", "backend": "ours", "guard_trace": True}
     env = e2e.case_env(case, str(tmp_path), 1)
