@@ -391,9 +391,10 @@ def test_readme_patch_table_lists_every_registered_patch():
 
 def test_a_process_that_ran_register_can_still_fork_an_engine_core(tmp_path):
     """vLLM runs register() in its API-server / LLM process and, on a CUDA machine, forks its
-    engine core from it. A probe of ours whose torch op ran in parallel there started GNU
-    OpenMP's workers, and the forked core hung at its first large CPU buffer (vLLM 0.16 engines
-    on an H100, stacks in benchmarks/results/spec_guard_gpu/). register() keeps torch on one
+    engine core from it. On the vLLM 0.16 CPU engine a probe of ours runs a torch op big enough
+    to start GNU OpenMP's workers there, and a forked child then hangs at its first large CPU
+    buffer, where vLLM 0.16 engines on an H100 hung (stacks in benchmarks/results/spec_guard_gpu/;
+    which check started the threads on that GPU was not read). register() keeps torch on one
     thread; the job forks through vLLM's own start-method choice and allocates with vLLM's own
     buffer class, and a child that hangs is killed after 60 s."""
     import json
